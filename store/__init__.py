@@ -1,0 +1,1 @@
+"""Persistence shared by the API and the worker: settings, models, repositories, artifact files."""

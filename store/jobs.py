@@ -1,0 +1,224 @@
+"""Job rows and their lifecycle: every transition is one conditional UPDATE, so a race has one winner.
+
+queued -> running -> succeeded | failed | cancelled; queued -> cancelled; running -> queued (requeued
+after a lost worker, while attempts remain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from store.models import Job, utcnow
+
+TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
+ALL_STATUSES = ("queued", "running", *TERMINAL_STATUSES)
+
+
+def create_job(
+    session: Session,
+    *,
+    owner: str,
+    kind: str,
+    params: dict[str, Any],
+    dataset_ids: dict[str, str],
+    idempotency_key: str | None = None,
+) -> tuple[Job, bool]:
+    """Insert a queued job; with an idempotency key already used by this owner, return that job instead.
+
+    Returns ``(job, created)``.
+    """
+    if idempotency_key is not None:
+        existing = find_by_idempotency_key(session, owner, idempotency_key)
+        if existing is not None:
+            return existing, False
+    job = Job(owner=owner, kind=kind, params=params, dataset_ids=dataset_ids, idempotency_key=idempotency_key)
+    session.add(job)
+    try:
+        session.flush()
+    except IntegrityError:
+        # A concurrent POST with the same key won the insert: answer with its job.
+        session.rollback()
+        existing = find_by_idempotency_key(session, owner, idempotency_key or "")
+        if existing is None:
+            raise
+        return existing, False
+    return job, True
+
+
+def find_by_idempotency_key(session: Session, owner: str, key: str) -> Job | None:
+    return session.scalars(select(Job).where(Job.owner == owner, Job.idempotency_key == key)).first()
+
+
+def get_job(session: Session, job_id: str, owner: str | None = None) -> Job | None:
+    """The job, or None when it does not exist or belongs to another owner."""
+    job = session.get(Job, job_id)
+    if job is None or (owner is not None and job.owner != owner):
+        return None
+    return job
+
+
+def list_jobs(
+    session: Session,
+    *,
+    owner: str,
+    kind: str | None = None,
+    status: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> tuple[Sequence[Job], int]:
+    """A page of the owner's jobs, newest first, and the total count matching the filters."""
+    conditions = [Job.owner == owner]
+    if kind is not None:
+        conditions.append(Job.kind == kind)
+    if status is not None:
+        conditions.append(Job.status == status)
+    total = session.scalar(select(func.count()).select_from(Job).where(*conditions)) or 0
+    page = session.scalars(
+        select(Job).where(*conditions).order_by(Job.created_at.desc(), Job.id).limit(limit).offset(offset)
+    ).all()
+    return page, total
+
+
+def count_by_kind_and_status(session: Session) -> list[tuple[str, str, int]]:
+    rows = session.execute(select(Job.kind, Job.status, func.count()).group_by(Job.kind, Job.status)).all()
+    return [(kind, status, count) for kind, status, count in rows]
+
+
+def claim(session: Session, job_id: str, *, worker: str, device: str) -> bool:
+    """queued -> running for this worker; False when another claim, a cancel or a finish came first."""
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "queued", Job.cancel_requested.is_(False))
+        .values(
+            status="running",
+            worker=worker,
+            device=device,
+            attempts=Job.attempts + 1,
+            started_at=now,
+            heartbeat_at=now,
+            progress=0.0,
+            stage="starting",
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount == 1
+
+
+def record_progress(session: Session, job_id: str, *, worker: str, progress: float, stage: str | None) -> bool:
+    """Heartbeat plus progress; returns whether the job was asked to cancel (or is no longer ours)."""
+    values: dict[str, Any] = {"heartbeat_at": utcnow(), "progress": max(0.0, min(1.0, progress))}
+    if stage is not None:
+        values["stage"] = stage[:200]
+    updated = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "running", Job.worker == worker)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if updated != 1:
+        return True
+    return bool(session.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+
+
+def heartbeat(session: Session, job_id: str, *, worker: str) -> None:
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "running", Job.worker == worker)
+        .values(heartbeat_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+
+
+def finish(
+    session: Session,
+    job_id: str,
+    *,
+    worker: str,
+    status: str,
+    result: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    timings: dict[str, Any] | None = None,
+    artifacts: dict[str, Any] | None = None,
+) -> bool:
+    """running -> a terminal status, only for the worker that holds the job."""
+    if status not in TERMINAL_STATUSES:
+        raise ValueError(f"not a terminal status: {status}")
+    values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "error": error}
+    if status == "succeeded":
+        values.update(progress=1.0, stage="done", result=result)
+    if timings is not None:
+        values["timings"] = timings
+    if artifacts is not None:
+        values["artifacts"] = artifacts
+    updated = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "running", Job.worker == worker)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    return updated == 1
+
+
+def request_cancel(session: Session, job_id: str, owner: str) -> Job | None:
+    """Cancel a queued job at once; flag a running one for its next checkpoint; leave finished ones."""
+    now = utcnow()
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.owner == owner, Job.status == "queued")
+        .values(status="cancelled", cancel_requested=True, finished_at=now, stage="cancelled before start")
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.owner == owner, Job.status == "running")
+        .values(cancel_requested=True)
+        .execution_options(synchronize_session=False)
+    )
+    session.expire_all()
+    return get_job(session, job_id, owner)
+
+
+def stale_running_jobs(session: Session, *, stale_after: timedelta, now: datetime | None = None) -> list[Job]:
+    cutoff = (now or utcnow()) - stale_after
+    return list(session.scalars(select(Job).where(Job.status == "running", Job.heartbeat_at < cutoff)).all())
+
+
+def requeue_or_fail_stale(session: Session, job: Job, *, max_attempts: int) -> str | None:
+    """Return a job whose worker went silent to the queue, or fail it when its attempts are spent.
+
+    Returns the new status, or None when another party changed the job first.
+    """
+    conditions = (Job.id == job.id, Job.status == "running", Job.heartbeat_at == job.heartbeat_at)
+    if job.cancel_requested:
+        new_status, values = "cancelled", {"finished_at": utcnow(), "stage": "cancelled (worker lost)"}
+    elif job.attempts >= max_attempts:
+        new_status = "failed"
+        values = {
+            "finished_at": utcnow(),
+            "error": {
+                "type": "WorkerLost",
+                "message": f"the worker running this job stopped responding {job.attempts} time(s); giving up",
+            },
+        }
+    else:
+        new_status, values = "queued", {"worker": None, "stage": "requeued after a lost worker", "progress": 0.0}
+    updated = session.execute(
+        update(Job).where(*conditions).values(status=new_status, **values).execution_options(synchronize_session=False)
+    ).rowcount
+    return new_status if updated == 1 else None
+
+
+def queued_job_ids(session: Session, *, older_than: timedelta) -> list[str]:
+    cutoff = utcnow() - older_than
+    return list(session.scalars(select(Job.id).where(Job.status == "queued", Job.created_at < cutoff)).all())
+
+
+def queue_depth(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(Job).where(Job.status == "queued")) or 0

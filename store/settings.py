@@ -1,0 +1,59 @@
+"""Service settings from the environment (pydantic-settings): one place for every knob.
+
+The embedded default needs no server: SQLite for the database and kombu's SQLAlchemy transport over a
+second SQLite file as the Celery broker, both under ``GPUEST_DATA_DIR``.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path("var")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUEST_", extra="ignore")
+
+    data_dir: Path = Field(DEFAULT_DATA_DIR, description="Datasets, artifacts and the embedded SQLite files")
+    database_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("DATABASE_URL", "GPUEST_DATABASE_URL"),
+        description="SQLAlchemy URL; default sqlite:///<data_dir>/gpuest.sqlite3",
+    )
+    broker_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("BROKER_URL", "REDIS_URL", "GPUEST_BROKER_URL"),
+        description="Celery broker URL; default sqla+sqlite:///<data_dir>/broker.sqlite3",
+    )
+    auth_enabled: bool = Field(True, description="Require 'Authorization: Bearer <api key>'")
+    local_owner: str = Field("local", description="Owner of every job and dataset when auth is off")
+    max_upload_bytes: int = Field(512 * 1024 * 1024, ge=1, description="Largest dataset upload accepted")
+    heartbeat_seconds: float = Field(2.0, gt=0, description="How often a running job writes its heartbeat")
+    stale_after_seconds: float = Field(30.0, gt=0, description="A running job silent this long is reaped")
+    reaper_interval_seconds: float = Field(5.0, gt=0, description="How often the worker looks for stale jobs")
+    max_attempts: int = Field(3, ge=1, description="Runs a job gets before a lost worker fails it")
+    visibility_timeout_seconds: int = Field(43_200, ge=60, description="Redis redelivery delay (longest job)")
+    queue: str = Field("gpu", description="Celery queue the API sends to and the worker consumes")
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'gpuest.sqlite3').resolve()}"
+
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{(self.data_dir / 'broker.sqlite3').resolve()}"
+
+    @property
+    def datasets_dir(self) -> Path:
+        return self.data_dir / "datasets"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.data_dir / "artifacts"
+
+
+@cache
+def get_settings() -> Settings:
+    return Settings()

@@ -24,7 +24,7 @@ class GPUUnavailableError(RuntimeError):
 @functools.cache
 def _cupy_or_none() -> ModuleType | None:
     try:
-        import cupy  # noqa: PLC0415 - optional, imported lazily on purpose
+        import cupy  # optional extra: imported lazily on purpose
 
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return None

@@ -97,8 +97,11 @@ def get_dataset(session: Session, dataset_id: str, owner: str | None = None) -> 
 def list_datasets(session: Session, *, owner: str, limit: int = 50, offset: int = 0) -> tuple[Sequence[Dataset], int]:
     total = session.scalar(select(func.count()).select_from(Dataset).where(Dataset.owner == owner)) or 0
     rows = session.scalars(
-        select(Dataset).where(Dataset.owner == owner).order_by(Dataset.created_at.desc(), Dataset.id)
-        .limit(limit).offset(offset)
+        select(Dataset)
+        .where(Dataset.owner == owner)
+        .order_by(Dataset.created_at.desc(), Dataset.id)
+        .limit(limit)
+        .offset(offset)
     ).all()
     return rows, total
 

@@ -5,15 +5,33 @@ The database is the truth and the broker only a doorbell: a message carries noth
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
 
-from store.settings import get_settings
+from store.settings import Settings, get_settings
 
 RUN_JOB_TASK = "gpuest.run_job"
 
 
-def make_celery() -> Celery:
-    settings = get_settings()
+def transport_options(settings: Settings) -> dict[str, Any]:
+    url = settings.resolved_broker_url()
+    if url.startswith(("redis://", "rediss://")):
+        # Redis hands an unacknowledged message to another worker only after this many seconds.
+        return {"visibility_timeout": settings.visibility_timeout_seconds}
+    return {}
+
+
+def _poll_sqlalchemy_broker_faster() -> None:
+    # kombu's SQLAlchemy transport forwards every transport option to create_engine, so its polling
+    # interval (1 s by default: up to a second of queue latency per job) can only be set on the class.
+    from kombu.transport import sqlalchemy as kombu_sqlalchemy
+
+    kombu_sqlalchemy.Transport.polling_interval = 0.1
+
+
+def make_celery(settings: Settings | None = None) -> Celery:
+    settings = settings or get_settings()
     app = Celery("gpuest", broker=settings.resolved_broker_url(), include=["worker.tasks"])
     app.conf.update(
         task_acks_late=True,
@@ -25,12 +43,12 @@ def make_celery() -> Celery:
         task_serializer="json",
         accept_content=["json"],
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout_seconds},
+        broker_transport_options=transport_options(settings),
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
-        broker_heartbeat=0,
     )
     return app
 
 
+_poll_sqlalchemy_broker_faster()
 celery_app = make_celery()

@@ -1,0 +1,161 @@
+"""An isolated job store (SQLite + SQLAlchemy broker in a temp dir, or the real Postgres + Redis) and
+real Celery worker processes for the worker tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from store import db
+from store.migrate import upgrade_to_head
+from store.settings import get_settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _clear_caches() -> None:
+    get_settings.cache_clear()
+    db.engine_for.cache_clear()
+    db._session_factory.cache_clear()
+
+
+def _server_urls() -> tuple[str, str] | None:
+    database_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
+    if database_url and redis_url:
+        return database_url, redis_url
+    return None
+
+
+def _fresh_postgres_database(admin_url: str) -> tuple[str, Callable[[], None]]:
+    """A throwaway database beside the one DATABASE_URL names, so tests never see each other's rows."""
+    from sqlalchemy import create_engine, make_url, text
+
+    name = f"gpuest_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(make_url(admin_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return make_url(admin_url).set(database=name).render_as_string(hide_password=False), drop
+
+
+BACKENDS = ["embedded", pytest.param("servers", marks=pytest.mark.servers)]
+
+
+@pytest.fixture(params=BACKENDS)
+def stack_env(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, str]]:
+    """Environment of an isolated, migrated job store; the current process uses it too."""
+    env = {
+        "GPUEST_DATA_DIR": str(tmp_path / "var"),
+        "GPUEST_DEVICE": "cpu",
+        "GPUEST_HEARTBEAT_SECONDS": "0.5",
+        "GPUEST_STALE_AFTER_SECONDS": "3",
+        "GPUEST_REAPER_INTERVAL_SECONDS": "0.5",
+        "GPUEST_QUEUE": f"test-{uuid.uuid4().hex[:8]}",
+    }
+    cleanup: Callable[[], None] | None = None
+    server_urls = _server_urls()
+    for name in ("DATABASE_URL", "BROKER_URL", "REDIS_URL", "GPUEST_DATABASE_URL", "GPUEST_BROKER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    if request.param == "servers":
+        if server_urls is None:
+            pytest.skip("DATABASE_URL and REDIS_URL not set: the Postgres + Redis tier is skipped")
+        database_url, cleanup = _fresh_postgres_database(server_urls[0])
+        env.update(DATABASE_URL=database_url, BROKER_URL=server_urls[1])
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    _clear_caches()
+    upgrade_to_head()
+    yield env
+    db.get_engine().dispose()
+    _clear_caches()
+    if cleanup is not None:
+        cleanup()
+
+
+class WorkerProcess:
+    """A real ``celery worker`` process, as production runs it (solo pool, one job at a time)."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "worker.celery_app:celery_app",
+                "worker",
+                "-Q",
+                env["GPUEST_QUEUE"],
+                "--pool",
+                "solo",
+                "--concurrency",
+                "1",
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "-n",
+                f"test-{uuid.uuid4().hex[:6]}@%h",
+            ],
+            cwd=REPO_ROOT,
+            env={**os.environ, **env},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill_hard(self) -> None:
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill_hard()
+        self._log.close()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def start_worker(stack_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[], WorkerProcess]]:
+    workers: list[WorkerProcess] = []
+
+    def start() -> WorkerProcess:
+        worker = WorkerProcess(stack_env, tmp_path / f"worker-{len(workers)}.log")
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")

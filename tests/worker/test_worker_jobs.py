@@ -1,0 +1,156 @@
+"""The job lifecycle in the worker: claim, run, progress, cancel, failure, the reaper, and a real
+worker process killed with SIGKILL in the middle of a job."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from kernels.progress import LocalProgress
+from kernels.registry import get_kind
+from store import jobs as job_store
+from store.db import session_scope
+from store.models import Job, utcnow
+from tests.worker.conftest import wait_for
+from worker.dispatch import enqueue_job
+from worker.tasks import execute_job, reap_once
+
+SMALL = {"n_clusters": 20, "cluster_size": 10, "n_regressors": 3, "replications": 200, "seed": 11}
+# About 4-6 s of NumPy work on this 2-core machine, with a progress checkpoint per block of replications.
+LONG = {"n_clusters": 50, "cluster_size": 30, "n_regressors": 3, "replications": 4000, "seed": 12}
+
+
+def submit(params: dict[str, Any], kind: str = "crve_montecarlo") -> str:
+    with session_scope() as session:
+        job, _ = job_store.create_job(session, owner="tester", kind=kind, params=params, dataset_ids={})
+        return job.id
+
+
+def load(job_id: str) -> Job:
+    with session_scope() as session:
+        job = job_store.get_job(session, job_id)
+        assert job is not None
+        return job
+
+
+def reference_result(params: dict[str, Any]) -> dict[str, Any]:
+    kind = get_kind("crve_montecarlo")
+    return kind.run(kind.params_model.model_validate(params), {}, LocalProgress())
+
+
+def comparable(result: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in result.items() if key not in ("timings", "device")}
+
+
+def test_job_runs_to_success_with_device_and_timings(stack_env: dict[str, str]) -> None:
+    job_id = submit(SMALL)
+    assert execute_job(job_id, worker="w1") == "succeeded"
+    job = load(job_id)
+    assert (job.status, job.progress, job.attempts, job.device) == ("succeeded", 1.0, 1, "cpu")
+    assert job.result is not None and comparable(job.result) == comparable(reference_result(SMALL))
+    assert job.timings["run"] > 0 and job.timings["queue_wait"] >= 0 and "total" in job.timings["stages"]
+    assert job.started_at is not None and job.finished_at is not None
+
+
+def test_second_delivery_of_a_finished_job_does_nothing(stack_env: dict[str, str]) -> None:
+    job_id = submit(SMALL)
+    assert execute_job(job_id, worker="w1") == "succeeded"
+    first = load(job_id)
+    assert execute_job(job_id, worker="w2") is None
+    again = load(job_id)
+    assert (again.attempts, again.worker, again.result) == (1, "w1", first.result)
+
+
+def test_kernel_error_fails_the_job_with_a_readable_reason(stack_env: dict[str, str]) -> None:
+    job_id = submit({**SMALL, "n_clusters": 2, "cluster_size": 1, "n_regressors": 3})
+    assert execute_job(job_id, worker="w1") == "failed"
+    job = load(job_id)
+    assert job.error is not None and job.error["type"] == "ValueError"
+    assert "n_regressors" in job.error["message"] and job.result is None
+
+
+def test_invalid_stored_params_fail_instead_of_crashing(stack_env: dict[str, str]) -> None:
+    job_id = submit({**SMALL, "replications": -5})
+    assert execute_job(job_id, worker="w1") == "failed"
+    assert "replications" in load(job_id).error["message"]
+
+
+def test_cancel_of_a_running_job_stops_it_at_the_next_checkpoint(stack_env: dict[str, str]) -> None:
+    job_id = submit(LONG)
+    outcome: list[str | None] = []
+    runner = threading.Thread(target=lambda: outcome.append(execute_job(job_id, worker="w1")))
+    runner.start()
+    wait_for(lambda: load(job_id).status == "running", 20, "the job to start")
+    with session_scope() as session:
+        assert job_store.request_cancel(session, job_id, "tester").status == "running"
+    runner.join(timeout=30)
+    job = load(job_id)
+    assert outcome == ["cancelled"] and job.status == "cancelled" and job.result is None
+    assert job.progress < 1.0
+
+
+def test_cancel_of_a_queued_job_means_it_never_runs(stack_env: dict[str, str]) -> None:
+    job_id = submit(SMALL)
+    with session_scope() as session:
+        assert job_store.request_cancel(session, job_id, "tester").status == "cancelled"
+    assert execute_job(job_id, worker="w1") is None
+    job = load(job_id)
+    assert (job.status, job.attempts, job.started_at) == ("cancelled", 0, None)
+
+
+def _make_stale(job_id: str, attempts: int) -> None:
+    with session_scope() as session:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(status="running", worker="lost", attempts=attempts, heartbeat_at=utcnow() - timedelta(hours=1))
+        )
+
+
+def test_reaper_requeues_a_silent_job_then_fails_it_when_attempts_are_spent(stack_env: dict[str, str]) -> None:
+    job_id = submit(SMALL)
+    _make_stale(job_id, attempts=1)
+    assert reap_once()["requeued"] == 1
+    assert load(job_id).status == "queued"
+    assert execute_job(job_id, worker="w2") == "succeeded"
+
+    doomed = submit(SMALL)
+    _make_stale(doomed, attempts=3)
+    assert reap_once()["failed"] == 1
+    job = load(doomed)
+    assert job.status == "failed" and job.error["type"] == "WorkerLost"
+
+
+@pytest.mark.slow
+def test_worker_killed_mid_job_is_recovered_exactly_once(stack_env: dict[str, str], start_worker: Any) -> None:
+    expected = comparable(reference_result(LONG))
+    first = start_worker()
+    job_id = submit(LONG)
+    enqueue_job(job_id)
+    wait_for(lambda: load(job_id).status == "running" and load(job_id).progress > 0, 60, "the job to run")
+    first.kill_hard()
+    assert load(job_id).status == "running"
+
+    second = start_worker()
+    wait_for(lambda: load(job_id).status in job_store.TERMINAL_STATUSES, 120, "the rescued job to finish")
+    job = load(job_id)
+    assert job.status == "succeeded", second.output()[-3000:]
+    assert job.attempts == 2 and job.worker != "lost"
+    assert comparable(job.result) == expected
+    finished_lines = [line for line in second.output().splitlines() if "job finished" in line and job_id in line]
+    assert len(finished_lines) == 1, finished_lines
+
+
+@pytest.mark.slow
+def test_worker_keeps_serving_after_a_failing_job(stack_env: dict[str, str], start_worker: Any) -> None:
+    start_worker()
+    failing = submit({**SMALL, "n_clusters": 2, "cluster_size": 1, "n_regressors": 3})
+    healthy = submit(SMALL)
+    enqueue_job(failing)
+    enqueue_job(healthy)
+    wait_for(lambda: load(healthy).status in job_store.TERMINAL_STATUSES, 60, "the second job")
+    assert load(failing).status == "failed" and load(healthy).status == "succeeded"

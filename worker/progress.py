@@ -1,0 +1,64 @@
+"""The worker's :class:`kernels.progress.Progress`: progress to the job row, cancellation, artifacts."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from kernels.progress import JobCancelled
+from store import jobs as job_store
+from store.artifacts import save_artifact
+from store.db import session_scope
+
+
+class JobProgress:
+    """Writes progress at most every ``min_interval`` seconds and raises :class:`JobCancelled` once the
+    job was asked to stop (or was taken from this worker by the reaper)."""
+
+    def __init__(self, job_id: str, worker: str, min_interval: float = 0.5) -> None:
+        self.job_id = job_id
+        self.worker = worker
+        self.min_interval = min_interval
+        self.artifacts: dict[str, Any] = {}
+        self._last_write = 0.0
+
+    def __call__(self, fraction: float, stage: str | None = None) -> None:
+        now = time.monotonic()
+        if now - self._last_write < self.min_interval:
+            return
+        self._last_write = now
+        with session_scope() as session:
+            stop = job_store.record_progress(
+                session, self.job_id, worker=self.worker, progress=float(fraction), stage=stage
+            )
+        if stop:
+            raise JobCancelled(f"job {self.job_id} was cancelled")
+
+    def save_artifact(self, name: str, value: Any) -> None:
+        self.artifacts[name] = save_artifact(self.job_id, name, value)
+
+
+class Heartbeat:
+    """A daemon thread that stamps the job's heartbeat while the kernel computes (even inside one long call)."""
+
+    def __init__(self, job_id: str, worker: str, interval: float) -> None:
+        self._job_id, self._worker, self._interval = job_id, worker, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                with session_scope() as session:
+                    job_store.heartbeat(session, self._job_id, worker=self._worker)
+            except Exception:  # a transient DB error must not kill the beat; the next one retries
+                continue

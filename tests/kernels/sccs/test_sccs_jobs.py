@@ -1,0 +1,198 @@
+"""The ``sccs_fit`` job kind: spec validation, result names, artifacts, progress and cancellation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from pydantic import ValidationError
+
+from kernels.progress import JobCancelled, LocalProgress
+from kernels.registry import get_kind
+from kernels.sccs import ccd, synthetic
+from kernels.sccs.jobs import run_fit
+from kernels.sccs.model import Prior
+from kernels.sccs.spec import SccsParams
+
+
+def _frames(seed: int = 41, n_cases: int = 300, n_drugs: int = 6) -> dict[str, pd.DataFrame]:
+    data = synthetic.generate(np, n_cases, n_drugs, seed=seed, effect_share=0.5, min_eras=3, max_eras=8).data
+    t = synthetic.to_tables(data)
+    outcomes = pd.DataFrame({"rowId": t.row_id, "stratumId": t.stratum_id, "time": t.time, "y": t.y})
+    # One case without events: dropped and counted.
+    outcomes = pd.concat([outcomes, pd.DataFrame({"rowId": [10**6], "stratumId": [10**6], "time": [30.0],
+                                                  "y": [0.0]})], ignore_index=True)
+    covariates = pd.DataFrame({"rowId": t.cov_row_id, "covariateId": t.cov_id, "covariateValue": t.cov_value})
+    names = pd.DataFrame({"covariateId": np.arange(1, n_drugs + 1), "covariateName": [f"drug {i}" for i in
+                                                                                    range(1, n_drugs + 1)]})
+    return {"outcomes_dataset_id": outcomes, "covariates_dataset_id": covariates, "names_dataset_id": names}
+
+
+def _params(**overrides: object) -> SccsParams:
+    spec = {"outcomes_dataset_id": "o", "covariates_dataset_id": "c", "names_dataset_id": "n"}
+    spec.update(overrides)
+    return SccsParams.model_validate(spec)
+
+
+def test_kind_is_registered() -> None:
+    kind = get_kind("sccs_fit")
+    assert kind.params_model is SccsParams
+    assert kind.dataset_ids(_params()) == {"outcomes_dataset_id": "o", "covariates_dataset_id": "c",
+                                           "names_dataset_id": "n"}
+    SccsParams.model_validate({**kind.example, "outcomes_dataset_id": "o", "covariates_dataset_id": "c"})
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"prior": {"type": "ridge"}},
+        {"prior": {"type": "normal", "variance": 0}},
+        {"cross_validation": {"folds": 1}},
+        {"cross_validation": {"grid": [-1.0]}},
+        {"cross_validation": {"grid": [0.0, 1.0]}},
+        {"cross_validation": {"grid": []}},
+        {"bootstrap": {"replicates": 100_000}},
+        {"tolerance": 0},
+        {"max_iterations": 0},
+        {"precision": "float16"},
+        {"unknown": 1},
+    ],
+)
+def test_spec_refuses_bad_values(bad: dict) -> None:
+    with pytest.raises(ValidationError):
+        _params(**bad)
+
+
+def test_full_run_result_names_and_artifacts() -> None:
+    frames = _frames()
+    params = _params(prior={"type": "laplace", "variance": 1.0, "exclude": [2]},
+                     cross_validation={"folds": 3, "grid": [0.05, 0.5]}, bootstrap={"replicates": 8, "seed": 3})
+    progress = LocalProgress()
+    result = run_fit(params, frames, progress)
+    for key in ("coefficients", "log_likelihood", "log_posterior", "variance", "cv_curve", "iterations", "converged",
+                "gradient_norm", "device", "timings", "dropped_cases"):
+        assert key in result
+    assert result["dropped_cases"] == 1 and result["n_cases"] == 300 and result["device"] == "cpu"
+    assert result["variance"] in (0.05, 0.5) and len(result["cv_curve"]) == 2
+    best = max(result["cv_curve"], key=lambda p: p["predictive_log_likelihood"])
+    assert best["variance"] == result["variance"]
+    coefficient = result["coefficients"][0]
+    assert coefficient["covariate_id"] == 1 and coefficient["name"] == "drug 1"
+    assert coefficient["relative_incidence"] == pytest.approx(math.exp(coefficient["estimate"]))
+    for c in result["coefficients"]:
+        assert c["ci_lower"] <= c["ci_upper"] and 0.0 <= c["nonzero_share"] <= 1.0
+    assert set(progress.artifacts) == {"cv_predictive_log_likelihood", "bootstrap_estimates", "coefficients"}
+    assert progress.artifacts["bootstrap_estimates"]["estimates"].shape == (8, 6)
+    assert progress.artifacts["cv_predictive_log_likelihood"]["coefficients"].shape == (3, 2, 6)
+    assert progress.reports[-1] == (1.0, "done")
+    fits = [stage for _, stage in progress.reports if stage and stage.startswith("fit ")]
+    assert fits[-1] == "fit 15/15"  # 3 folds x 2 variances + 1 + 8
+    # The reported fit is the NumPy fit at the chosen variance (covariate 2 unpenalised).
+    penalised = np.array([True, False, True, True, True, True])
+    from kernels.sccs.jobs import load_tables
+
+    data = load_tables(frames["outcomes_dataset_id"], frames["covariates_dataset_id"]).data
+    direct = ccd.fit(data, Prior("laplace", result["variance"], penalised))
+    np.testing.assert_allclose([c["estimate"] for c in result["coefficients"]], direct.beta, rtol=0, atol=1e-15)
+    assert result["log_posterior"] == pytest.approx(direct.log_posterior, rel=1e-12)
+
+
+def test_run_without_prior_reports_no_variance() -> None:
+    frames = _frames(seed=42)
+    result = run_fit(_params(prior={"type": "none"}, tolerance=1e-9, convergence="gradient"), frames,
+                     LocalProgress())
+    assert result["variance"] is None and result["converged"] and result["gradient_norm"] < 1e-6
+    assert result["coefficients"][0]["ci_lower"] is None and result["coefficients"][0]["nonzero_share"] is None
+
+
+def test_covariate_value_defaults_to_one_and_names_are_optional() -> None:
+    frames = _frames(seed=43)
+    with_values = run_fit(_params(names_dataset_id=None), {k: v for k, v in frames.items() if k != "names_dataset_id"},
+                          LocalProgress())
+    frames["covariates_dataset_id"] = frames["covariates_dataset_id"].drop(columns=["covariateValue"])
+    without = run_fit(_params(), frames, LocalProgress())
+    assert [c["estimate"] for c in without["coefficients"]] == [c["estimate"] for c in with_values["coefficients"]]
+    assert with_values["coefficients"][0]["name"] is None and without["coefficients"][0]["name"] == "drug 1"
+
+
+def test_run_time_errors_name_the_problem() -> None:
+    frames = _frames()
+    with pytest.raises(ValueError, match=r"prior\.exclude"):
+        run_fit(_params(prior={"type": "normal", "exclude": [999]}), frames, LocalProgress())
+    with pytest.raises(ValueError, match="cross_validation needs"):
+        run_fit(_params(prior={"type": "none"}, cross_validation={}), frames, LocalProgress())
+    broken = dict(frames)
+    broken["outcomes_dataset_id"] = frames["outcomes_dataset_id"].drop(columns=["time"])
+    with pytest.raises(ValueError, match="lacks column 'time'"):
+        run_fit(_params(), broken, LocalProgress())
+    broken = dict(frames)
+    broken["covariates_dataset_id"] = frames["covariates_dataset_id"].assign(rowId=2.5)
+    with pytest.raises(ValueError, match=r"covariates\.rowId must hold integers"):
+        run_fit(_params(), broken, LocalProgress())
+
+
+class _CancelAfter(LocalProgress):
+    def __init__(self, fits: int) -> None:
+        super().__init__()
+        self.fits = fits
+
+    def __call__(self, fraction: float, stage: str | None = None) -> None:
+        super().__call__(fraction, stage)
+        if stage and stage.startswith("fit ") and int(stage.split()[1].split("/")[0]) >= self.fits:
+            self.cancel()
+
+
+def test_cancel_between_fits() -> None:
+    progress = _CancelAfter(fits=3)
+    params = _params(prior={"type": "normal"}, cross_validation={"folds": 3, "grid": [0.1, 1.0]})
+    with pytest.raises(JobCancelled):
+        run_fit(params, _frames(), progress)
+    fit_reports = [stage for _, stage in progress.reports if stage and stage.startswith("fit ")]
+    assert fit_reports[-1] == "fit 4/7"  # 3 folds x 2 variances + 1 final fit
+    assert len(fit_reports) == 4  # cancelled at the first checkpoint after the request
+
+
+def _person_frames(dates: bool) -> dict[str, pd.DataFrame]:
+    def day(values: list[int]) -> object:
+        return pd.to_datetime(values, unit="D") if dates else values
+
+    return {
+        "cases_dataset_id": pd.DataFrame({"caseId": [1, 2, 3], "observationStart": day([0, 100, 0]),
+                                          "observationEnd": day([99, 130, 9])}),
+        "events_dataset_id": pd.DataFrame({"caseId": [1, 1, 1, 1, 1, 1, 2, 2],
+                                           "day": day([5, 12, 16, 16, 50, 150, 101, 120])}),
+        "exposures_dataset_id": pd.DataFrame({"caseId": [1, 1, 2], "drugId": [7, 8, 7], "start": day([10, 15, 90]),
+                                              "end": day([19, 29, 105])}),
+    }
+
+
+@pytest.mark.parametrize("dates", [False, True])
+def test_eras_kind_builds_the_hand_worked_tables(dates: bool) -> None:
+    # The case worked by hand in test_sccs_data.py: windows [start + 1, end + 2].
+    params = get_kind("sccs_eras").params_model.model_validate(
+        {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x", "risk_window_start": 1,
+         "risk_window_end": 2})
+    progress = LocalProgress()
+    result = get_kind("sccs_eras").run(params, _person_frames(dates), progress)
+    assert result["n_cases"] == 3 and result["n_cases_with_events"] == 2 and result["n_eras"] == 7
+    assert result["events_in_observation"] == 7 and result["events_outside_observation"] == 1
+    assert result["n_drugs"] == 2 and result["n_covariate_rows"] == 5
+    outcomes = progress.artifacts["outcomes"]
+    assert outcomes["time"].tolist() == [79, 5, 6, 10, 8, 23, 10]
+    assert outcomes["y"].tolist() == [2, 1, 2, 0, 1, 1, 0]
+    # The tables feed sccs_fit directly (case 3 has no events and is dropped there).
+    fit = run_fit(_params(names_dataset_id=None, prior={"type": "normal", "variance": 1.0}),
+                  {"outcomes_dataset_id": outcomes, "covariates_dataset_id": progress.artifacts["covariates"]},
+                  LocalProgress())
+    assert fit["dropped_cases"] == 1 and [c["covariate_id"] for c in fit["coefficients"]] == [7, 8]
+
+
+def test_eras_kind_rejects_events_of_unknown_cases() -> None:
+    frames = _person_frames(dates=False)
+    frames["events_dataset_id"] = pd.DataFrame({"caseId": [9], "day": [3]})
+    params = get_kind("sccs_eras").params_model.model_validate(
+        {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x"})
+    with pytest.raises(ValueError, match="event_case has cases without an observation period"):
+        get_kind("sccs_eras").run(params, frames, LocalProgress())

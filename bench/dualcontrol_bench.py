@@ -1,0 +1,132 @@
+"""Dual-control DP timings: inert, myopic and optimal policies on n^3 grids, with and without acceleration.
+
+Numerics modules only (no pydantic/pandas), so it runs on the bare GPU machine. The model and grid are the
+``dualcontrol_solve`` spec defaults. Each row is one full solve (coarse levels included), timed after
+device synchronisation; the CUDA module is compiled by a warm-up solve before the first timed row.
+
+    python3 bench/dualcontrol_bench.py --device gpu --sizes 64 128 256 --policies optimal
+    python3 bench/dualcontrol_bench.py --device cpu --sizes 32 --policies inert myopic optimal
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.backend import device_label, get_namespace, synchronize, to_numpy
+from kernels.dualcontrol.grid import interpolate, make_state_grid
+from kernels.dualcontrol.model import ModelParams
+from kernels.dualcontrol.solve import SolveSettings, solve
+
+# spec defaults (kernels/dualcontrol/spec.py)
+MODEL = ModelParams(alpha=0.0, gamma=0.7, sigma_eps=1.0, delta=0.95, omega=1.0, xbar=1.0, ubar=0.0)
+TOLERANCE = {"inert": 1e-6, "myopic": 1e-6, "optimal": 1e-4}
+REPORT_STATES = np.array([[1.0, 0.5, 0.5], [2.0, 0.0, 1.0], [0.0, 1.0, 0.25]])
+
+
+def grid_of(n: int):
+    return make_state_grid((-9.0, 11.0, n), (-4.0, 4.0, n), (0.02, 2.0, n), MODEL.xbar, 2.0)
+
+
+# acceleration variants: (modified policy iteration sweeps, coarse-to-fine); only the latter applies to the
+# inert and myopic policies, which are policy evaluations already
+VARIANTS = {"full": (20, True), "mpi": (20, False), "c2f": (0, True), "none": (0, False)}
+
+
+def run_one(xp, n: int, policy: str, variant: str, nodes: int, max_iterations: int, dtype) -> dict:
+    grid = grid_of(n)
+    sweeps, coarse_to_fine = VARIANTS[variant]
+    settings = SolveSettings(
+        policy,  # type: ignore[arg-type]
+        TOLERANCE[policy],
+        max_iterations=max_iterations,
+        evaluation_sweeps=sweeps,
+        coarse_to_fine=coarse_to_fine,
+        coarsest_size=16,
+        quadrature_nodes=nodes,
+        dtype=dtype,
+    )
+    synchronize(xp)
+    start = time.perf_counter()
+    solution = solve(MODEL, grid, settings, xp)
+    synchronize(xp)
+    seconds = time.perf_counter() - start
+    value = to_numpy(solution.value)
+    at = interpolate(value, grid, grid.node_arrays(np), *REPORT_STATES.T, np)
+    return {
+        "n": n,
+        "policy": policy,
+        "acceleration": variant if policy == "optimal" else ("c2f" if coarse_to_fine else "none"),
+        "nodes": nodes,
+        "precision": np.dtype(dtype).name,
+        "seconds": round(seconds, 3),
+        "converged": solution.converged,
+        "iterations": solution.iterations,
+        "evaluation_sweeps": sum(level.evaluation_sweeps for level in solution.levels),
+        "levels": [
+            [list(lv.shape), lv.iterations, lv.evaluation_sweeps, round(lv.seconds, 3)] for lv in solution.levels
+        ],
+        "values_at_states": [round(float(v), 6) for v in at],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--policies", nargs="+", default=["inert", "myopic", "optimal"])
+    parser.add_argument(
+        "--acceleration",
+        nargs="+",
+        choices=list(VARIANTS),
+        default=["full"],
+        help="full = modified policy iteration + coarse-to-fine, mpi / c2f = one of them, none = the paper's",
+    )
+    parser.add_argument("--nodes", type=int, default=32)
+    parser.add_argument("--precision", choices=["float64", "float32"], default="float64")
+    parser.add_argument("--max-iterations", type=int, default=2000)
+    parser.add_argument("--budget", type=float, default=float("inf"), help="skip rows once this many s are spent")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    xp = get_namespace(args.device)
+    dtype = np.float64 if args.precision == "float64" else np.float32
+    print(f"device: {device_label(xp)}", flush=True)
+    if args.device == "gpu":
+        for policy in ("inert", "myopic", "optimal"):  # compiles the CUDA module and CuPy's own kernels
+            run_one(xp, 32, policy, "full", 4, 3, dtype)
+    rows, spent = [], 0.0
+    for n in args.sizes:
+        for policy in args.policies:
+            done = set()
+            for variant in args.acceleration:
+                effective = variant if policy == "optimal" else VARIANTS[variant][1]
+                if effective in done:
+                    continue  # inert/myopic: mpi == none and full == c2f
+                done.add(effective)
+                if spent > args.budget:
+                    print(f"skipped n={n} {policy} {variant}: budget spent", flush=True)
+                    continue
+                row = run_one(xp, n, policy, variant, args.nodes, args.max_iterations, dtype)
+                spent += row["seconds"]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print(f"\n{'n^3':>6} {'policy':>8} {'accel':>5} {'seconds':>9} {'iters':>6} {'sweeps':>6} conv  V(states)")
+    for r in rows:
+        print(
+            f"{r['n']:>6} {r['policy']:>8} {r['acceleration']:>5} {r['seconds']:>9.3f} "
+            f"{r['iterations']:>6} {r['evaluation_sweeps']:>6} {r['converged']!s:>5} {r['values_at_states']}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"device": device_label(xp), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

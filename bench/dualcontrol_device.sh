@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Dual-control GPU validation and benchmarks on the lent machine, in one call:
+#   bash bench/dualcontrol_device.sh validate   # GPU==NumPy tests, then 64^3/128^3/256^3 timings
+#   bash bench/dualcontrol_device.sh bench      # timings only, with and without acceleration
+# Logs and JSON go to $OUT; a summary table is printed last.
+set -u -o pipefail
+MODE=${1:-validate}
+OUT=${OUT:-/tmp/dualcontrol_out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GPUEST_DEVICE=gpu
+nvidia-smi -L
+python3 -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)'
+B=bench/dualcontrol_bench.py
+if [ "$MODE" = validate ]; then
+  timeout 150 python3 -m pytest tests/kernels/dualcontrol/test_dualcontrol_gpu.py -q -p no:cacheprovider -o addopts="" 2>&1 \
+    | tee "$OUT/dc_gpu_tests.log" | tail -25
+  timeout 110 python3 $B --device gpu --sizes 64 128 --policies inert myopic optimal --json "$OUT/dc_small.json" \
+    2>&1 | tee "$OUT/dc_small.log" | grep -v '^{'
+  timeout 140 python3 $B --device gpu --sizes 256 --policies optimal inert myopic --json "$OUT/dc_256.json" \
+    2>&1 | tee "$OUT/dc_256.log" | grep -v '^{'
+else
+  ALL="--acceleration full mpi c2f none"
+  timeout 45 python3 $B --device gpu --sizes 64 --policies inert myopic optimal $ALL --json "$OUT/dc_64.json" \
+    2>&1 | tee "$OUT/dc_64.log" | grep -v '^{'
+  timeout 75 python3 $B --device gpu --sizes 128 --policies inert myopic optimal $ALL --json "$OUT/dc_128.json" \
+    2>&1 | tee "$OUT/dc_128.log" | grep -v '^{'
+  timeout 60 python3 $B --device gpu --sizes 256 --policies optimal inert myopic --acceleration full mpi \
+    --json "$OUT/dc_256.json" 2>&1 | tee "$OUT/dc_256.log" | grep -v '^{'
+  timeout 25 python3 $B --device gpu --sizes 256 --policies optimal --precision float32 \
+    --json "$OUT/dc_256_f32.json" 2>&1 | tee "$OUT/dc_256_f32.log" | grep -v '^{'
+  # the paper's algorithm (plain value iteration, cold start) at 256^3, last: it takes the remaining time
+  timeout 200 python3 $B --device gpu --sizes 256 --policies optimal --acceleration none \
+    --json "$OUT/dc_256_plain.json" 2>&1 | tee "$OUT/dc_256_plain.log" | grep -v '^{'
+fi

@@ -1,0 +1,179 @@
+// Fused dual-control Bellman kernels: one thread per grid point, V gathered through the read-only cache.
+// The host prepends `typedef double real;` (or float). Arithmetic mirrors bellman.py / minimize.py /
+// grid.py / model.py line for line so that the NumPy twin agrees to rounding.
+//
+// params layout (see CudaBellman.__init__):
+//   0 alpha, 1 gamma, 2 sigma_eps^2, 3 delta, 4 omega, 5 xbar, 6 ubar, 7 A, 8 B, 9 C (inert V0 = A x^2 + B x + C),
+//   10 omega*ubar, 11 omega*ubar^2, then per axis (x, mu, Sigma) 7 numbers:
+//   lo, hi, centre, stretch = sinh(c)/R, concentration c, z_lo, 1/dz.
+
+#define INVERSE_GOLDEN_RATIO 0.6180339887498949
+
+struct Axis {
+    real lo, hi, centre, stretch, conc, z_lo, inv_dz;
+    int n;
+    const real* __restrict__ nodes;
+};
+
+struct Model {
+    real alpha, gamma, se2, delta, omega, xbar, ubar, a, b, c, omega_ubar, omega_ubar2;
+};
+
+struct Problem {
+    Model m;
+    Axis ax, amu, as;
+    const real* __restrict__ V;
+    const real* __restrict__ qz;
+    const real* __restrict__ qw;
+    int nq;
+};
+
+__device__ __forceinline__ Axis load_axis(const real* p, const real* nodes, int n) {
+    Axis a;
+    a.lo = p[0]; a.hi = p[1]; a.centre = p[2]; a.stretch = p[3]; a.conc = p[4]; a.z_lo = p[5]; a.inv_dz = p[6];
+    a.n = n;
+    a.nodes = nodes;
+    return a;
+}
+
+// Cell index i and weight of node i+1, the value clamped to the axis (constant beyond the cuboid).
+__device__ __forceinline__ int locate(const Axis& a, real v, real& w) {
+    v = fmin(fmax(v, a.lo), a.hi);
+    real z = (a.conc > (real)0) ? asinh((v - a.centre) * a.stretch) / a.conc : v;
+    real t = (z - a.z_lo) * a.inv_dz;
+    real ft = fmin(fmax(floor(t), (real)0), (real)(a.n - 2));
+    int i = (int)ft;
+    real left = __ldg(a.nodes + i);
+    w = (v - left) / (__ldg(a.nodes + i + 1) - left);
+    return i;
+}
+
+__device__ __forceinline__ real q_value(const Problem& P, real u, real x, real mu, real S) {
+    const Model& m = P.m;
+    const int nmu = P.amu.n, ns = P.as.n;
+    real mean = m.alpha + mu * u + m.gamma * x;
+    real sd = sqrt(u * u * S + m.se2);
+    real S1 = (real)1 / ((real)1 / S + u * u / m.se2);
+    real ws;
+    const int ks = locate(P.as, S1, ws);
+    const real mu_over_S = mu / S;
+    const real mu_u = mu * u;
+    real ev = 0;
+    for (int k = 0; k < P.nq; ++k) {
+        real e = sd * __ldg(P.qz + k);
+        real xn = mean + e;
+        real y = mu_u + e;
+        real mun = S1 * (mu_over_S + u * y / m.se2);
+        real wx, wm;
+        const int ix = locate(P.ax, xn, wx);
+        const int jm = locate(P.amu, mun, wm);
+        const real* v0 = P.V + ((size_t)ix * nmu + jm) * ns + ks;  // corner (ix, jm, ks)
+        const real* v1 = v0 + (size_t)nmu * ns;                      // corner (ix + 1, jm, ks)
+        real s00 = __ldg(v0) * ((real)1 - ws) + __ldg(v0 + 1) * ws;
+        real s01 = __ldg(v0 + ns) * ((real)1 - ws) + __ldg(v0 + ns + 1) * ws;
+        real s10 = __ldg(v1) * ((real)1 - ws) + __ldg(v1 + 1) * ws;
+        real s11 = __ldg(v1 + ns) * ((real)1 - ws) + __ldg(v1 + ns + 1) * ws;
+        real t0 = s00 * ((real)1 - wm) + s01 * wm;
+        real t1 = s10 * ((real)1 - wm) + s11 * wm;
+        ev += __ldg(P.qw + k) * (t0 * ((real)1 - wx) + t1 * wx);
+    }
+    real gap = mean - m.xbar;
+    real du = u - m.ubar;
+    real loss = gap * gap + S * u * u + m.se2 + m.omega * du * du;
+    return loss + m.delta * ev;
+}
+
+__device__ __forceinline__ Problem load_problem(const real* params, const real* gx, const real* gmu, const real* gs,
+                                                const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
+                                                const real* V) {
+    Problem P;
+    P.m.alpha = params[0]; P.m.gamma = params[1]; P.m.se2 = params[2]; P.m.delta = params[3];
+    P.m.omega = params[4]; P.m.xbar = params[5]; P.m.ubar = params[6];
+    P.m.a = params[7]; P.m.b = params[8]; P.m.c = params[9];
+    P.m.omega_ubar = params[10]; P.m.omega_ubar2 = params[11];
+    P.ax = load_axis(params + 12, gx, nx);
+    P.amu = load_axis(params + 19, gmu, nmu);
+    P.as = load_axis(params + 26, gs, ns);
+    P.V = V; P.qz = qz; P.qw = qw; P.nq = nq;
+    return P;
+}
+
+extern "C" __global__ void dc_evaluate(const real* params, const real* gx, const real* gmu, const real* gs,
+                                       const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
+                                       const real* __restrict__ V, const real* __restrict__ U,
+                                       real* __restrict__ V_out) {
+    const long long n_points = (long long)nx * nmu * ns;
+    const long long p = (long long)blockDim.x * blockIdx.x + threadIdx.x;
+    if (p >= n_points) return;
+    const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V);
+    const int ks = (int)(p % ns);
+    const int jm = (int)((p / ns) % nmu);
+    const int ix = (int)(p / ((long long)ns * nmu));
+    V_out[p] = q_value(P, U[p], gx[ix], gmu[jm], gs[ks]);
+}
+
+extern "C" __global__ void dc_improve(const real* params, const real* gx, const real* gmu, const real* gs,
+                                      const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
+                                      const real* __restrict__ V, const real* __restrict__ U_prev, int has_prev,
+                                      int n_scan, int n_golden, real* __restrict__ V_out, real* __restrict__ U_out) {
+    const long long n_points = (long long)nx * nmu * ns;
+    const long long p = (long long)blockDim.x * blockIdx.x + threadIdx.x;
+    if (p >= n_points) return;
+    const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V);
+    const Model& m = P.m;
+    const int ks = (int)(p % ns);
+    const int jm = (int)((p / ns) % nmu);
+    const int ix = (int)(p / ((long long)ns * nmu));
+    const real x = gx[ix], mu = gmu[jm], S = gs[ks];
+
+    // Inert bounds (model.inert_bounds) with upper = max(closed-form inert cost, current iterate).
+    real gap = m.alpha + m.gamma * x - m.xbar;
+    real qa = S + mu * mu + m.omega;
+    real qb = (real)2 * (mu * gap - m.omega_ubar);
+    real qc = gap * gap + m.se2 + m.omega_ubar2;
+    real inert = (m.a * x + m.b) * x + m.c;
+    real upper = fmax(inert, V[p]);
+    real centre = -qb / ((real)2 * qa);
+    real min_loss = qc - qb * qb / ((real)4 * qa);
+    real half = sqrt(fmax(upper - min_loss, (real)0) / qa);
+    real lo = centre - half, hi = centre + half;
+
+    // Start candidates (myopic, previous policy), then the scan (minimize.golden_section_minimise).
+    real best_u = (m.omega_ubar - mu * gap) / (S + mu * mu + m.omega);
+    real best_q = q_value(P, best_u, x, mu, S);
+    if (has_prev) {
+        real u = U_prev[p];
+        real q = q_value(P, u, x, mu, S);
+        if (q < best_q) { best_u = u; best_q = q; }
+    }
+    real step = (hi - lo) / (real)(n_scan - 1);
+    for (int j = 0; j < n_scan; ++j) {
+        real u = lo + (real)j * step;
+        real q = q_value(P, u, x, mu, S);
+        if (q < best_q) { best_u = u; best_q = q; }
+    }
+
+    const real g = (real)INVERSE_GOLDEN_RATIO;
+    real a = fmax(lo, best_u - step);
+    real b = fmin(hi, best_u + step);
+    real c = b - g * (b - a);
+    real d = a + g * (b - a);
+    real fc = q_value(P, c, x, mu, S);
+    real fd = q_value(P, d, x, mu, S);
+    for (int it = 0; it < n_golden; ++it) {
+        if (fc < fd) {
+            b = d; d = c; fd = fc;
+            c = b - g * (b - a);
+            fc = q_value(P, c, x, mu, S);
+        } else {
+            a = c; c = d; fc = fd;
+            d = a + g * (b - a);
+            fd = q_value(P, d, x, mu, S);
+        }
+    }
+    real golden_u = (fc < fd) ? c : d;
+    real golden_q = (fc < fd) ? fc : fd;
+    if (golden_q < best_q) { best_u = golden_u; best_q = golden_q; }
+    V_out[p] = best_q;
+    U_out[p] = best_u;
+}

@@ -1,0 +1,226 @@
+"""Expected cost-to-go of a control at every grid point, and the two operators built on it.
+
+``Q(u; S, V) = L(S, u) + delta E[V(x', mu', Sigma')]`` where, given S = (x, mu, Sigma) and control u,
+``x' ~ N(alpha + mu u + gamma x, u^2 Sigma + sigma_eps^2)`` (a Gauss-Hermite sum over x') and the beliefs
+are Bayes-updated at each node: ``Sigma' = 1 / (1/Sigma + u^2/sigma_eps^2)``,
+``mu' = Sigma' (mu/Sigma + u y / sigma_eps^2)`` with ``y = x' - alpha - gamma x`` (DESIGN.md). V between
+nodes is the trilinear interpolant, constant beyond the cuboid.
+
+Two implementations of one interface (``evaluate``: apply a fixed policy; ``improve``: minimise over u):
+``ArrayBellman`` is written against the array namespace (NumPy, or CuPy as a slow reference), and
+``CudaBellman`` runs the same arithmetic, one thread per grid point, in a fused CUDA kernel
+(bellman.cu) with the whole minimisation in registers, so that no (points x nodes) temporaries touch memory.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from kernels.dualcontrol.grid import StateGrid, interpolate
+from kernels.dualcontrol.minimize import golden_section_minimise
+from kernels.dualcontrol.model import ModelParams, inert_bounds, inert_value, myopic_policy
+from kernels.dualcontrol.quadrature import normal_quadrature
+
+_CUDA_SOURCE = Path(__file__).with_name("bellman.cu")
+
+
+@dataclass(frozen=True)
+class MinimiserSettings:
+    scan_points: int = 8
+    golden_iterations: int = 28
+
+
+class BellmanOperator(Protocol):
+    grid: StateGrid
+    heartbeat: Callable[[], None] | None
+
+    def evaluate(self, values: Any, policy: Any) -> Any:
+        """``Q(policy(S); S, values)`` at every grid point (policy evaluation sweep)."""
+
+    def improve(self, values: Any, previous_policy: Any | None) -> tuple[Any, Any]:
+        """``(min_u Q(u; S, values), argmin)`` at every grid point (Bellman operator)."""
+
+
+class ArrayBellman:
+    """Vectorised over grid points in chunks (bounded temporaries); NumPy twin of :class:`CudaBellman`."""
+
+    def __init__(
+        self,
+        model: ModelParams,
+        grid: StateGrid,
+        quadrature_nodes: int,
+        xp: Any,
+        dtype: Any = np.float64,
+        minimiser: MinimiserSettings | None = None,
+        chunk_entries: int = 1 << 20,  # points x nodes per chunk: ~25 such temporaries live
+    ) -> None:
+        self.model, self.grid, self.xp, self.dtype = model, grid, xp, np.dtype(dtype)
+        self.minimiser = minimiser or MinimiserSettings()
+        z, w = normal_quadrature(quadrature_nodes)
+        self.quad_z = xp.asarray(z, dtype=self.dtype)
+        self.quad_w = xp.asarray(w, dtype=self.dtype)
+        self.nodes = grid.node_arrays(xp, self.dtype)
+        self.points = tuple(xp.ascontiguousarray(c).reshape(-1) for c in grid.mesh(xp, self.dtype))
+        self.chunk = max(1, chunk_entries // quadrature_nodes)
+        # called after every chunk: on a CPU one sweep of a large grid takes minutes, and the job's progress
+        # channel (cancellation) must hear from it every few seconds
+        self.heartbeat: Callable[[], None] | None = None
+
+    def q_at_points(self, values: Any, x: Any, mu: Any, sigma: Any, u: Any) -> Any:
+        """Q at arbitrary states (flat arrays x, mu, sigma, u of one length), V interpolated from the grid."""
+        m, xp = self.model, self.xp
+        se2 = m.sigma_eps2
+        mean = m.alpha + mu * u + m.gamma * x
+        sd = xp.sqrt(u * u * sigma + se2)
+        sigma_next = 1.0 / (1.0 / sigma + u * u / se2)
+        e = sd[:, None] * self.quad_z[None, :]
+        x_next = mean[:, None] + e
+        y = (mu * u)[:, None] + e
+        mu_next = sigma_next[:, None] * (mu[:, None] / sigma[:, None] + u[:, None] * y / se2)
+        v_next = interpolate(
+            values, self.grid, self.nodes, x_next, mu_next, xp.broadcast_to(sigma_next[:, None], x_next.shape), xp
+        )
+        expected = v_next @ self.quad_w
+        gap = mean - m.xbar
+        du = u - m.ubar
+        loss = gap * gap + sigma * u * u + se2 + m.omega * du * du
+        return loss + m.delta * expected
+
+    def q_values(self, values: Any, u: Any) -> Any:
+        """Q at every grid point for the control array ``u`` (grid-shaped or flat)."""
+        xp = self.xp
+        u_flat = xp.asarray(u, dtype=self.dtype).reshape(-1)
+        out = xp.empty_like(u_flat)
+        for start in range(0, u_flat.size, self.chunk):
+            part = slice(start, start + self.chunk)
+            out[part] = self.q_at_points(values, *(p[part] for p in self.points), u_flat[part])
+            if self.heartbeat is not None:
+                self.heartbeat()
+        return out.reshape(self.grid.shape)
+
+    def evaluate(self, values: Any, policy: Any) -> Any:
+        return self.q_values(values, policy)
+
+    def brackets(self, values: Any) -> tuple[Any, Any]:
+        """Inert bounds on the optimal control at every grid point (see :func:`inert_bounds`).
+
+        The upper cost is the larger of the closed-form inert cost and the current iterate: on the truncated
+        cuboid the inert cost differs slightly from the closed form, and the current iterate tends to the
+        optimal cost, which also bounds the one-period loss of the optimal control.
+        """
+        xp = self.xp
+        x, mu, sigma = (p.reshape(self.grid.shape) for p in self.points)
+        upper = xp.maximum(inert_value(self.model, x), values)
+        return inert_bounds(self.model, x, mu, sigma, upper, xp)
+
+    def improve(self, values: Any, previous_policy: Any | None) -> tuple[Any, Any]:
+        x, mu, sigma = (p.reshape(self.grid.shape) for p in self.points)
+        lo, hi = self.brackets(values)
+        starts = [myopic_policy(self.model, x, mu, sigma)]
+        if previous_policy is not None:
+            starts.append(previous_policy)
+        u, q = golden_section_minimise(
+            lambda u: self.q_values(values, u),
+            lo,
+            hi,
+            starts,
+            self.minimiser.scan_points,
+            self.minimiser.golden_iterations,
+            self.xp,
+        )
+        return q, u
+
+
+@functools.cache
+def _cuda_module(type_name: str) -> Any:
+    import cupy  # optional dependency, imported only on a GPU
+
+    source = f"typedef {type_name} real;\n" + _CUDA_SOURCE.read_text()
+    return cupy.RawModule(code=source, options=("-std=c++17",), name_expressions=None)
+
+
+class CudaBellman(ArrayBellman):
+    """The fused CUDA kernels; inherits the array set-up and keeps :meth:`q_values` as the reference."""
+
+    block = 128
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        xp, m = self.xp, self.model
+        coef_a, coef_b, coef_c = m.inert_coefficients()
+        params = [m.alpha, m.gamma, m.sigma_eps2, m.delta, m.omega, m.xbar, m.ubar, coef_a, coef_b, coef_c]
+        params.append(m.omega * m.ubar)
+        params.append(m.omega * m.ubar**2)
+        for axis in self.grid.axes:
+            params.extend(axis.device_params())
+        self.params = xp.asarray(np.asarray(params, dtype=self.dtype))
+        type_name = "double" if self.dtype == np.float64 else "float"
+        module = _cuda_module(type_name)
+        self._evaluate = module.get_function("dc_evaluate")
+        self._improve = module.get_function("dc_improve")
+        self.n_points = int(np.prod(self.grid.shape))
+
+    def _common_args(self) -> tuple[Any, ...]:
+        nx, n_mu, n_s = self.grid.shape
+        return (
+            self.params,
+            *self.nodes,
+            self.quad_z,
+            self.quad_w,
+            np.int32(self.quad_z.size),
+            np.int32(nx),
+            np.int32(n_mu),
+            np.int32(n_s),
+        )
+
+    def _launch_shape(self) -> tuple[tuple[int], tuple[int]]:
+        return ((self.n_points + self.block - 1) // self.block,), (self.block,)
+
+    def evaluate(self, values: Any, policy: Any) -> Any:
+        xp = self.xp
+        values = xp.ascontiguousarray(values, dtype=self.dtype)
+        policy = xp.ascontiguousarray(policy, dtype=self.dtype)
+        out = xp.empty_like(values)
+        self._evaluate(*self._launch_shape(), (*self._common_args(), values, policy, out))
+        return out
+
+    def improve(self, values: Any, previous_policy: Any | None) -> tuple[Any, Any]:
+        xp = self.xp
+        values = xp.ascontiguousarray(values, dtype=self.dtype)
+        has_previous = previous_policy is not None
+        previous = xp.ascontiguousarray(previous_policy, dtype=self.dtype) if has_previous else values
+        out_v = xp.empty_like(values)
+        out_u = xp.empty_like(values)
+        args = (
+            *self._common_args(),
+            values,
+            previous,
+            np.int32(has_previous),
+            np.int32(self.minimiser.scan_points),
+            np.int32(self.minimiser.golden_iterations),
+            out_v,
+            out_u,
+        )
+        self._improve(*self._launch_shape(), args)
+        return out_v, out_u
+
+
+def make_operator(
+    model: ModelParams,
+    grid: StateGrid,
+    quadrature_nodes: int,
+    xp: Any,
+    dtype: Any = np.float64,
+    minimiser: MinimiserSettings | None = None,
+    fused: bool | None = None,
+) -> BellmanOperator:
+    """The CUDA kernels on a GPU namespace (unless ``fused=False``), the array twin otherwise."""
+    use_cuda = (xp is not np) if fused is None else fused
+    cls = CudaBellman if use_cuda else ArrayBellman
+    return cls(model, grid, quadrature_nodes, xp, dtype, minimiser)

@@ -1,0 +1,248 @@
+"""Solve the dual-control dynamic programme on the grid: policy evaluation or value iteration.
+
+- ``inert`` (u = 0) and ``myopic`` (paper eq. 11): policy evaluation ``V <- T_u V`` to convergence.
+- ``optimal``: value iteration ``V <- T V`` with the grid-wide minimiser; optionally accelerated by modified
+  policy iteration (``evaluation_sweeps`` cheap sweeps ``V <- T_u V`` with the latest policy between two
+  improvement steps) and coarse-to-fine warm starts (solve on grids halved per axis, interpolate V and u
+  up as the next level's start).
+
+Convergence (checked after every sweep of ``T`` or ``T_u``, from three device-side reductions, so no array
+crosses to the host): with ``d = V_new - V``, the MacQueen-Porteus bounds put the fixed point within
+``[V_new + k min d, V_new + k max d]``, ``k = delta / (1 - delta)``. Criterion ``macqueen_porteus``: their
+width ``k (max d - min d)`` relative to ``max |V_new|``; ``sup_norm`` (the paper's): ``k max |d|`` relative
+to ``max |V_new|``. At convergence the value is set to the midpoint of the bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from kernels.backend import synchronize, to_numpy
+from kernels.dualcontrol.bellman import BellmanOperator, MinimiserSettings, make_operator
+from kernels.dualcontrol.grid import StateGrid, interpolate
+from kernels.dualcontrol.model import ModelParams, myopic_policy
+
+Policy = Literal["inert", "myopic", "optimal"]
+Criterion = Literal["macqueen_porteus", "sup_norm"]
+Checkpoint = Callable[[float, str], None]
+
+
+@dataclass(frozen=True)
+class SolveSettings:
+    policy: Policy
+    tolerance: float
+    max_iterations: int = 2000
+    evaluation_sweeps: int = 0  # modified policy iteration; 0 = plain value iteration
+    coarse_to_fine: bool = False
+    coarsest_size: int = 16
+    criterion: Criterion = "macqueen_porteus"
+    quadrature_nodes: int = 32
+    dtype: Any = np.float64
+    minimiser: MinimiserSettings = field(default_factory=MinimiserSettings)
+    fused: bool | None = None  # None: CUDA kernels on a GPU namespace, array code otherwise
+
+
+@dataclass
+class LevelReport:
+    shape: tuple[int, int, int]
+    iterations: int  # sweeps of T (optimal) or T_u (inert, myopic)
+    evaluation_sweeps: int  # modified-policy-iteration sweeps between improvement steps
+    converged: bool
+    seconds: float
+
+
+@dataclass
+class Solution:
+    grid: StateGrid
+    value: Any  # grid-shaped, on the solving device
+    policy: Any
+    converged: bool
+    levels: list[LevelReport]
+    history: list[dict[str, Any]]
+
+    @property
+    def iterations(self) -> int:
+        return sum(level.iterations for level in self.levels)
+
+
+def level_shapes(shape: tuple[int, int, int], coarse_to_fine: bool, coarsest_size: int) -> list[tuple[int, int, int]]:
+    """Grid shapes from coarsest to the requested one, each axis halved per level, none below coarsest_size."""
+    shapes = [shape]
+    if coarse_to_fine:
+        k = 1
+        while min(-(-n // 2**k) for n in shape) >= coarsest_size:
+            shapes.append(tuple(-(-n // 2**k) for n in shape))  # type: ignore[arg-type]
+            k += 1
+    return shapes[::-1]
+
+
+def policy_on_grid(policy: Policy, model: ModelParams, grid: StateGrid, xp: Any, dtype: Any) -> Any:
+    """The fixed control of the inert or myopic policy at every grid point."""
+    x, mu, sigma = grid.mesh(xp, dtype)
+    if policy == "inert":
+        return xp.zeros(grid.shape, dtype=dtype)
+    if policy == "myopic":
+        return xp.ascontiguousarray(myopic_policy(model, x, mu, sigma))
+    raise ValueError(f"policy {policy!r} has no fixed control")
+
+
+def transfer(values: Any, coarse: StateGrid, fine: StateGrid, xp: Any, dtype: Any) -> Any:
+    """Trilinear interpolation of a coarse-grid array onto the fine grid's nodes (same cuboid)."""
+    nodes = coarse.node_arrays(xp, dtype)
+    return xp.ascontiguousarray(interpolate(values, coarse, nodes, *fine.mesh(xp, dtype), xp))
+
+
+class _Tracker:
+    """Convergence statistics from device reductions; only three scalars reach the host per sweep."""
+
+    def __init__(self, delta: float, tolerance: float, criterion: Criterion, xp: Any) -> None:
+        self.k = delta / (1.0 - delta)
+        self.tolerance, self.criterion, self.xp = tolerance, criterion, xp
+
+    def measure(self, new: Any, old: Any) -> dict[str, float]:
+        xp = self.xp
+        d = new - old
+        lo, hi, scale = (float(v) for v in to_numpy(xp.stack([d.min(), d.max(), xp.abs(new).max()])))
+        scale = max(scale, np.finfo(np.float64).tiny)
+        width = self.k * (hi - lo) if self.criterion == "macqueen_porteus" else self.k * max(abs(lo), abs(hi))
+        return {"criterion": width / scale, "mqp_lower": self.k * lo, "mqp_upper": self.k * hi}
+
+
+class _LevelReporter:
+    """Progress within one level: log-distance of the criterion from its first value to the tolerance."""
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint | None,
+        every_seconds: float,
+        settings: SolveSettings,
+        shape: tuple[int, int, int],
+        done_before: float,
+        share: float,
+    ) -> None:
+        self.checkpoint, self.every_seconds, self.tolerance = checkpoint, every_seconds, settings.tolerance
+        self.label = f"{settings.policy} {'x'.join(map(str, shape))}"
+        self.done_before, self.share = done_before, share
+        self.first: float | None = None
+        self.fraction = done_before
+        self.last_report = time.perf_counter()
+
+    def heartbeat(self) -> None:
+        """Between two criterion values (inside a long sweep): repeat the last fraction, time permitting."""
+        now = time.perf_counter()
+        if self.checkpoint is not None and now - self.last_report >= self.every_seconds:
+            self.checkpoint(self.fraction, f"{self.label}: sweeping")
+            self.last_report = now
+
+    def __call__(self, criterion: float, force: bool) -> None:
+        self.first = criterion if self.first is None else self.first
+        within = 1.0
+        if self.first > self.tolerance and criterion > 0.0:
+            within = min(max(math.log(self.first / criterion) / math.log(self.first / self.tolerance), 0.0), 1.0)
+        # never backwards, though the criterion need not fall monotonically
+        self.fraction = max(self.fraction, float(min(self.done_before + self.share * within, 1.0)))
+        now = time.perf_counter()
+        if self.checkpoint is not None and (force or now - self.last_report >= self.every_seconds):
+            self.checkpoint(self.fraction, f"{self.label}: {criterion:.2e}")
+            self.last_report = now
+
+
+def solve(
+    model: ModelParams,
+    grid: StateGrid,
+    settings: SolveSettings,
+    xp: Any,
+    checkpoint: Checkpoint | None = None,
+    checkpoint_seconds: float = 1.0,
+) -> Solution:
+    dtype = np.dtype(settings.dtype)
+    shapes = level_shapes(grid.shape, settings.coarse_to_fine, settings.coarsest_size)
+    weights = np.array([float(np.prod(s)) for s in shapes])
+    weights /= weights.sum()
+    tracker = _Tracker(model.delta, settings.tolerance, settings.criterion, xp)
+    history: list[dict[str, Any]] = []
+    levels: list[LevelReport] = []
+
+    values: Any = None
+    policy: Any = None
+    previous_grid: StateGrid | None = None
+    for level_index, shape in enumerate(shapes):
+        level_grid = grid.with_shape(shape)
+        level_start = time.perf_counter()
+        if previous_grid is None:
+            values = xp.zeros(shape, dtype=dtype)
+            policy = None
+        else:
+            values = transfer(values, previous_grid, level_grid, xp, dtype)
+            policy = transfer(policy, previous_grid, level_grid, xp, dtype) if policy is not None else None
+        operator = make_operator(
+            model, level_grid, settings.quadrature_nodes, xp, dtype, settings.minimiser, settings.fused
+        )
+        if settings.policy != "optimal":
+            policy = policy_on_grid(settings.policy, model, level_grid, xp, dtype)
+        reporter = _LevelReporter(
+            checkpoint, checkpoint_seconds, settings, shape, float(weights[:level_index].sum()), weights[level_index]
+        )
+        operator.heartbeat = reporter.heartbeat
+        iterations = sweeps = 0
+        converged = False
+
+        while iterations < settings.max_iterations:
+            iterations += 1
+            if settings.policy == "optimal":
+                new_values, policy = operator.improve(values, policy)
+            else:
+                new_values = operator.evaluate(values, policy)
+            stats = tracker.measure(new_values, values)
+            history.append(
+                {
+                    "grid": list(shape),
+                    "iteration": iterations,
+                    "step": "improve" if settings.policy == "optimal" else "evaluate",
+                    **stats,
+                }
+            )
+            values = new_values
+            if stats["criterion"] < settings.tolerance:
+                values = values + 0.5 * (stats["mqp_lower"] + stats["mqp_upper"])
+                converged = True
+                break
+            reporter(stats["criterion"], force=settings.policy == "optimal")
+            if settings.policy == "optimal":
+                values, done = _evaluation_sweeps(operator, values, policy, settings, tracker, history, shape)
+                sweeps += done
+        synchronize(xp)
+        levels.append(LevelReport(shape, iterations, sweeps, converged, time.perf_counter() - level_start))
+        previous_grid = level_grid
+        if checkpoint is not None:
+            checkpoint(float(weights[: level_index + 1].sum()), f"{settings.policy} {'x'.join(map(str, shape))} done")
+    return Solution(grid, values, policy, levels[-1].converged, levels, history)
+
+
+def _evaluation_sweeps(
+    operator: BellmanOperator,
+    values: Any,
+    policy: Any,
+    settings: SolveSettings,
+    tracker: _Tracker,
+    history: list[dict[str, Any]],
+    shape: tuple[int, int, int],
+) -> tuple[Any, int]:
+    """Up to ``evaluation_sweeps`` sweeps of ``T_u``; stops once ``T_u``'s own criterion is 10x below tol."""
+    done = 0
+    for _ in range(settings.evaluation_sweeps):
+        new_values = operator.evaluate(values, policy)
+        stats = tracker.measure(new_values, values)
+        values = new_values
+        done += 1
+        if stats["criterion"] < 0.1 * settings.tolerance:
+            break
+    if done:
+        history.append({"grid": list(shape), "step": "evaluate", "sweeps": done, **stats})
+    return values, done

@@ -1,0 +1,166 @@
+"""Parameters and result of the ``dualcontrol_solve`` job kind."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from kernels.spec import JobParams, ResultModel
+
+DEFAULT_TOLERANCE = {"inert": 1e-6, "myopic": 1e-6, "optimal": 1e-4}
+MAX_GRID_POINTS = 1 << 26  # 4 x 256^3: about 0.5 GB per float64 array, a few arrays live at once
+
+
+class _Section(BaseModel):
+    model_config = JobParams.model_config
+
+
+class ModelSpec(_Section):
+    """``x' = alpha + beta u + gamma x + eps``, ``beta ~ N(mu, Sigma)`` unknown; loss
+    ``(x' - xbar)^2 + omega (u - ubar)^2`` discounted by ``delta``."""
+
+    alpha: float = Field(default=0.0, ge=-1e3, le=1e3, description="constant term")
+    gamma: float = Field(default=0.7, gt=-1.0, lt=1.0, description="known persistence")
+    sigma_eps: float = Field(default=1.0, gt=0.0, le=1e3, description="shock standard deviation")
+    delta: float = Field(default=0.95, ge=0.0, le=0.999, description="discount factor")
+    omega: float = Field(default=1.0, ge=0.0, le=1e6, description="weight of control deviations")
+    xbar: float = Field(default=1.0, ge=-1e3, le=1e3, description="target of x")
+    ubar: float = Field(default=0.0, ge=-1e3, le=1e3, description="costless control")
+
+
+class AxisSpec(_Section):
+    size: int = Field(ge=8, le=512, description="grid nodes on this axis")
+    min: float = Field(ge=-1e6, le=1e6)
+    max: float = Field(ge=-1e6, le=1e6)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AxisSpec:
+        if not self.max > self.min:
+            raise ValueError(f"max ({self.max}) must exceed min ({self.min})")
+        return self
+
+
+class GridSpec(_Section):
+    x: AxisSpec = AxisSpec(size=64, min=-9.0, max=11.0)
+    mu: AxisSpec = AxisSpec(size=64, min=-4.0, max=4.0)
+    sigma: AxisSpec = AxisSpec(size=64, min=0.02, max=2.0)
+    concentration: float = Field(
+        default=2.0,
+        ge=0.0,
+        le=10.0,
+        description="node density near x = xbar and mu = 0: spacing there is 1/cosh(c) of the spacing at the "
+        "farther end (0 = uniform); Sigma is always uniform",
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self) -> GridSpec:
+        if self.sigma.min <= 0.0:
+            raise ValueError(f"sigma.min must be positive (a variance), not {self.sigma.min}")
+        points = self.x.size * self.mu.size * self.sigma.size
+        if points > MAX_GRID_POINTS:
+            raise ValueError(f"x.size * mu.size * sigma.size = {points} exceeds the limit of {MAX_GRID_POINTS}")
+        return self
+
+
+class AccelerationSpec(_Section):
+    evaluation_sweeps: int = Field(
+        default=20,
+        ge=0,
+        le=1000,
+        description="modified policy iteration: policy evaluation sweeps between two improvement steps "
+        "(optimal policy; 0 = plain value iteration)",
+    )
+    coarse_to_fine: bool = Field(default=True, description="warm start from grids halved per axis")
+    coarsest_size: int = Field(default=16, ge=8, le=512, description="no coarse level has an axis below this")
+
+
+class MinimizerSpec(_Section):
+    scan_points: int = Field(default=8, ge=2, le=128, description="equally spaced restarts across the bracket")
+    golden_iterations: int = Field(default=28, ge=0, le=200, description="golden-section steps after the scan")
+
+
+class DualControlParams(JobParams):
+    """Learning-and-experimentation dynamic programme (Morozov & Mathur 2011) on a 3-D state grid."""
+
+    model: ModelSpec = ModelSpec()
+    grid: GridSpec = GridSpec()
+    quadrature_nodes: int = Field(default=32, ge=2, le=128, description="Gauss-Hermite nodes")
+    policy: Literal["inert", "myopic", "optimal"] = "optimal"
+    tolerance: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="relative convergence tolerance (default 1e-6 for inert and myopic, 1e-4 for optimal)",
+    )
+    convergence: Literal["macqueen_porteus", "sup_norm"] = Field(
+        default="macqueen_porteus",
+        description="stopping rule: width of the MacQueen-Porteus bounds, or the paper's delta/(1-delta) "
+        "scaled sup-norm step; both relative to max |V|",
+    )
+    max_iterations: int = Field(default=2000, ge=1, le=100_000, description="sweeps per grid level")
+    acceleration: AccelerationSpec = AccelerationSpec()
+    minimizer: MinimizerSpec = MinimizerSpec()
+    precision: Literal["float64", "float32"] = "float64"
+    report_states: list[list[float]] = Field(
+        default_factory=lambda: [[1.0, 0.5, 0.5], [2.0, 0.0, 1.0], [0.0, 1.0, 0.25]],
+        min_length=1,
+        max_length=10_000,
+        description="states [x, mu, Sigma] (inside the grid's cuboid) at which to report value and control",
+    )
+
+    @model_validator(mode="after")
+    def _states(self) -> DualControlParams:
+        axes = (("x", self.grid.x), ("mu", self.grid.mu), ("Sigma", self.grid.sigma))
+        for i, state in enumerate(self.report_states):
+            if len(state) != 3:
+                raise ValueError(f"report_states[{i}] must be [x, mu, Sigma], got {len(state)} numbers")
+            for value, (name, axis) in zip(state, axes, strict=True):
+                if not axis.min <= value <= axis.max:
+                    raise ValueError(
+                        f"report_states[{i}]: {name} = {value} lies outside the grid's [{axis.min}, {axis.max}]"
+                    )
+        return self
+
+    @property
+    def effective_tolerance(self) -> float:
+        return self.tolerance if self.tolerance is not None else DEFAULT_TOLERANCE[self.policy]
+
+
+class StateReport(ResultModel):
+    state: list[float]
+    value: float = Field(description="cost-to-go of the solved policy")
+    control: float
+    myopic_value: float | None = Field(default=None, description="optimal policy only: the myopic cost-to-go")
+    myopic_control: float | None = None
+
+
+class LevelReport(ResultModel):
+    grid: list[int]
+    iterations: int
+    evaluation_sweeps: int
+    converged: bool
+    seconds: float
+
+
+class DualControlResult(ResultModel):
+    kind: Literal["dualcontrol_solve"] = "dualcontrol_solve"
+    policy: str
+    tolerance: float
+    convergence: str
+    precision: str
+    quadrature_nodes: int
+    grid: list[int]
+    states: list[StateReport]
+    iterations: int = Field(description="sweeps of the Bellman (optimal) or policy operator over all levels")
+    evaluation_sweeps: int = Field(description="modified-policy-iteration sweeps over all levels")
+    converged: bool
+    history: list[dict[str, Any]]
+    levels: list[LevelReport]
+    value_of_experimentation: list[float] | None = Field(
+        default=None, description="optimal policy only: myopic cost minus optimal cost at each report state"
+    )
+    myopic_iterations: int | None = None
+    artifacts: list[str]
+    device: str
+    timings: dict[str, float]

@@ -1,0 +1,142 @@
+"""The ``dualcontrol_solve`` job kind: spec validation, result names, artifacts, progress, cancellation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from kernels.dualcontrol.grid import make_state_grid
+from kernels.dualcontrol.model import ModelParams
+from kernels.dualcontrol.solve import SolveSettings, solve
+from kernels.dualcontrol.spec import DualControlParams
+from kernels.progress import JobCancelled, LocalProgress
+from kernels.registry import get_kind
+
+SMALL_GRID = {
+    "x": {"size": 10, "min": -5.0, "max": 7.0},
+    "mu": {"size": 9, "min": -3.0, "max": 3.0},
+    "sigma": {"size": 8, "min": 0.05, "max": 2.0},
+    "concentration": 1.0,
+}
+
+
+def _params(**overrides):
+    spec = {"grid": SMALL_GRID, "quadrature_nodes": 6, "report_states": [[1.0, 0.5, 0.5], [0.0, 0.0, 1.5]]}
+    spec.update(overrides)
+    return DualControlParams.model_validate(spec)
+
+
+def test_kind_is_registered_with_its_example() -> None:
+    kind = get_kind("dualcontrol_solve")
+    assert kind.params_model is DualControlParams
+    assert kind.dataset_fields == ()
+    kind.params_model.model_validate(kind.example)
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"quadrature_nodes": 1}, "quadrature_nodes"),
+        ({"grid": {**SMALL_GRID, "x": {"size": 4, "min": -1.0, "max": 1.0}}}, "size"),
+        ({"grid": {**SMALL_GRID, "x": {"size": 1024, "min": -1.0, "max": 1.0}}}, "size"),
+        ({"grid": {**SMALL_GRID, "mu": {"size": 9, "min": 1.0, "max": -1.0}}}, "max"),
+        ({"grid": {**SMALL_GRID, "sigma": {"size": 9, "min": 0.0, "max": 1.0}}}, "sigma.min"),
+        ({"model": {"gamma": 1.0}}, "gamma"),
+        ({"model": {"delta": 1.0}}, "delta"),
+        ({"policy": "greedy"}, "policy"),
+        ({"tolerance": 0.0}, "tolerance"),
+        ({"report_states": [[1.0, 2.0]]}, "report_states"),
+        ({"acceleration": {"evaluation_sweeps": -1}}, "evaluation_sweeps"),
+        ({"precision": "float16"}, "precision"),
+        ({"grid_size": 3}, "grid_size"),
+    ],
+)
+def test_spec_rejects_bad_input_naming_the_field(patch, field) -> None:
+    with pytest.raises(ValidationError, match=field):
+        _params(**patch)
+
+
+def test_spec_bounds_the_total_grid_size() -> None:
+    big = {"size": 512, "min": 0.1, "max": 1.0}
+    with pytest.raises(ValidationError, match="exceeds the limit"):
+        _params(grid={"x": big, "mu": big, "sigma": big})
+
+
+def test_default_tolerance_depends_on_the_policy() -> None:
+    assert _params(policy="inert").effective_tolerance == 1e-6
+    assert _params(policy="optimal").effective_tolerance == 1e-4
+    assert _params(policy="optimal", tolerance=1e-3).effective_tolerance == 1e-3
+
+
+def test_optimal_job_reports_all_result_names_and_artifacts() -> None:
+    progress = LocalProgress()
+    result = get_kind("dualcontrol_solve").run(_params(), {}, progress)
+    for name in ("states", "iterations", "converged", "history", "timings", "value_of_experimentation", "device"):
+        assert name in result
+    assert result["converged"] and result["policy"] == "optimal" and result["device"] == "cpu"
+    assert len(result["states"]) == 2 and len(result["value_of_experimentation"]) == 2
+    for state, voe in zip(result["states"], result["value_of_experimentation"], strict=True):
+        assert set(state) >= {"state", "value", "control", "myopic_value"}
+        assert voe == pytest.approx(state["myopic_value"] - state["value"])
+        assert voe >= -1e-4 * state["value"]
+    assert set(progress.artifacts) == {"value", "policy", "grid", "myopic_value"} == set(result["artifacts"])
+    assert progress.artifacts["value"].shape == (10, 9, 8)
+    fractions = [f for f, _ in progress.reports]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert {"solve", "myopic_companion", "total"} <= set(result["timings"])
+
+
+def test_inert_job_value_at_a_node_equals_the_artifact() -> None:
+    progress = LocalProgress()
+    grid = {**SMALL_GRID, "concentration": 0.0}
+    state = [-5.0 + 12.0 / 9 * 4, -3.0 + 6.0 / 8 * 2, 0.05 + 1.95 / 7 * 3]  # node (4, 2, 3) of a uniform grid
+    result = get_kind("dualcontrol_solve").run(_params(policy="inert", grid=grid, report_states=[state]), {}, progress)
+    assert result["value_of_experimentation"] is None and result["states"][0]["myopic_value"] is None
+    assert result["states"][0]["value"] == pytest.approx(progress.artifacts["value"][4, 2, 3], rel=1e-12)
+    assert result["states"][0]["control"] == 0.0
+
+
+def test_float32_precision_agrees_with_float64() -> None:
+    runs = {
+        p: get_kind("dualcontrol_solve").run(_params(policy="myopic", precision=p, tolerance=1e-5), {}, LocalProgress())
+        for p in ("float32", "float64")
+    }
+    assert runs["float32"]["converged"] and runs["float32"]["precision"] == "float32"
+    for s32, s64 in zip(runs["float32"]["states"], runs["float64"]["states"], strict=True):
+        assert s32["value"] == pytest.approx(s64["value"], rel=1e-4)
+
+
+def test_report_state_outside_the_cuboid_is_refused_naming_it() -> None:
+    with pytest.raises(ValidationError, match=r"report_states\[1\]: Sigma = 5.0 lies outside"):
+        _params(report_states=[[0.0, 0.0, 1.0], [0.0, 0.0, 5.0]])
+
+
+def test_cancellation_stops_the_solve() -> None:
+    progress = LocalProgress()
+    progress.cancel()
+    with pytest.raises(JobCancelled):
+        get_kind("dualcontrol_solve").run(_params(), {}, progress)
+
+
+def test_artifact_grid_holds_the_node_coordinates() -> None:
+    progress = LocalProgress()
+    get_kind("dualcontrol_solve").run(_params(policy="inert"), {}, progress)
+    nodes = progress.artifacts["grid"]
+    assert nodes["x"][0] == -5.0 and nodes["x"][-1] == 7.0 and np.all(np.diff(nodes["mu"]) > 0)
+
+
+def test_long_cpu_sweeps_keep_reporting_so_a_cancel_is_heard() -> None:
+    """The array path calls the progress channel between chunks of one sweep (a heartbeat)."""
+    seen: list[str] = []
+
+    def checkpoint(fraction: float, stage: str) -> None:
+        seen.append(stage)
+        if stage.endswith("sweeping"):
+            raise JobCancelled("cancelled mid-sweep")
+
+    model = ModelParams(0.0, 0.7, 1.0, 0.95, 1.0, 1.0, 0.0)
+    grid = make_state_grid((-5.0, 7.0, 12), (-3.0, 3.0, 12), (0.05, 2.0, 12), 1.0, 1.0)
+    with pytest.raises(JobCancelled):
+        solve(model, grid, SolveSettings("myopic", 1e-9, quadrature_nodes=8), np, checkpoint, checkpoint_seconds=0.0)
+    assert seen and seen[-1].endswith("sweeping")

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
 from store.artifacts import _atomic_target, dataset_path
@@ -107,9 +107,11 @@ def list_datasets(session: Session, *, owner: str, limit: int = 50, offset: int 
 
 
 def delete_dataset(session: Session, dataset: Dataset) -> None:
+    """Delete the row, then the file once the deletion is committed (a failed commit keeps both)."""
+    path = Path(dataset.path)
     session.delete(dataset)
     session.flush()
-    Path(dataset.path).unlink(missing_ok=True)
+    event.listen(session, "after_commit", lambda _session: path.unlink(missing_ok=True), once=True)
 
 
 def load_frame(dataset: Dataset) -> Any:

@@ -1,0 +1,103 @@
+"""The FastAPI application: ``create_app()`` builds it from the job registry; ``app`` serves uvicorn
+(``uvicorn api.app:app``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from api.body_limit import MAX_JSON_BODY_BYTES, BodyLimitMiddleware
+from api.deps import OwnerCache
+from api.logging import configure_logging
+from api.metrics import RequestMiddleware, build_registry
+from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
+from api.routes import datasets, health, jobs
+from api.schemas import PROBLEM_RESPONSES, job_request_union
+from kernels.registry import registry
+from store.migrate import SchemaNotMigratedError, ensure_migrated
+from store.settings import get_settings
+
+log = structlog.get_logger("gpuest.api")
+
+DESCRIPTION = """Heavy estimation jobs on NVIDIA GPUs.
+
+Submit a job with `POST /v1/jobs` (`{"kind": ..., "params": {...}}`; each kind's params are documented
+below), poll `GET /v1/jobs/{id}` and read `GET /v1/jobs/{id}/result`. Errors are RFC 9457
+`application/problem+json`; validation errors list each field and the constraint it broke.
+Authenticate with `Authorization: Bearer <api key>`.
+"""
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings = get_settings()
+    try:
+        await run_in_threadpool(ensure_migrated)
+    except SchemaNotMigratedError as exc:
+        log.error("refusing to start: database not migrated", reason=str(exc))
+        raise
+    if not settings.auth_enabled:
+        log.warning(
+            "AUTH IS DISABLED: every request acts as one owner, without an API key. "
+            "Set GPUEST_AUTH_ENABLED=true for anything reachable by others.",
+            owner=settings.local_owner,
+        )
+    log.info("gpuest API ready", kinds=sorted(app.state.kinds), database=_redacted(settings.resolved_database_url()))
+    yield
+
+
+def _redacted(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def create_app() -> FastAPI:
+    configure_logging()
+    kinds = registry()
+    app = FastAPI(
+        title="gpuest",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        responses=PROBLEM_RESPONSES,
+    )
+    app.state.kinds = kinds
+    app.state.owner_cache = OwnerCache()
+    metrics_registry, http_metrics = build_registry(sorted(kinds))
+    app.state.metrics_registry = metrics_registry
+    install_problem_handlers(app, sorted(kinds))
+    app.include_router(health.router)
+    app.include_router(jobs.build_router(kinds, job_request_union(kinds)))
+    app.include_router(datasets.router)
+    # Uploads stream under their own limit (api.uploads); every other body is a small JSON document.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_JSON_BODY_BYTES, exempt_prefixes=(datasets.router.prefix,))
+    app.add_middleware(RequestMiddleware, metrics=http_metrics)
+    _document_problems_as_problem_json(app)
+    return app
+
+
+def _document_problems_as_problem_json(app: FastAPI) -> None:
+    """FastAPI documents a response ``model`` under application/json; errors are application/problem+json."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            for operation in (op for path in schema.get("paths", {}).values() for op in path.values()):
+                for status, response in operation.get("responses", {}).items():
+                    content = response.get("content", {})
+                    if str(status)[0] in "45" and "application/json" in content:
+                        content[PROBLEM_MEDIA_TYPE] = content.pop("application/json")
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+app = create_app()

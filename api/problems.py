@@ -1,0 +1,178 @@
+"""RFC 9457 problem details: one exception type for the routes, and handlers that turn every error into
+``application/problem+json`` (validation errors name the field and the constraint it broke)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from http import HTTPStatus
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+PROBLEM_TYPE_PREFIX = "urn:gpuest:problem:"
+
+log = structlog.get_logger("gpuest.api")
+
+
+def problem_type(slug: str) -> str:
+    return PROBLEM_TYPE_PREFIX + slug
+
+
+class ProblemError(StarletteHTTPException):
+    """Raise from a route (or a request-body reader) to answer with a problem+json document.
+
+    An HTTPException subclass so that FastAPI's body reader passes it through instead of turning it into
+    a generic 400; its own handler (more specific than the HTTPException one) renders it.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        slug: str | None = None,
+        title: str | None = None,
+        errors: Sequence[Mapping[str, Any]] | None = None,
+        headers: Mapping[str, str] | None = None,
+        extensions: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(status, detail, dict(headers or {}))
+        self.status = status
+        self.detail = detail
+        self.type = problem_type(slug) if slug else "about:blank"
+        self.title = title or HTTPStatus(status).phrase
+        self.errors = list(errors) if errors is not None else None
+        self.headers = dict(headers or {})
+        self.extensions = dict(extensions or {})
+
+
+def field_error(
+    field: str, message: str, *, type_: str, location: str = "body", constraint: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    error: dict[str, Any] = {"field": field, "location": location, "message": message, "type": type_}
+    if constraint:
+        error["constraint"] = dict(constraint)
+    return error
+
+
+def problem_response(
+    status: int,
+    detail: str | None,
+    *,
+    type_: str = "about:blank",
+    title: str | None = None,
+    instance: str | None = None,
+    errors: list[dict[str, Any]] | None = None,
+    headers: Mapping[str, str] | None = None,
+    extensions: Mapping[str, Any] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {"type": type_, "title": title or HTTPStatus(status).phrase, "status": status}
+    if detail is not None:
+        body["detail"] = detail
+    if instance is not None:
+        body["instance"] = instance
+    if errors is not None:
+        body["errors"] = errors
+    body.update(extensions or {})
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=dict(headers or {}))
+
+
+# -- validation errors -------------------------------------------------------------------------------
+
+MAX_ECHOED_CHARS = 200
+
+
+def _json_safe(value: Any) -> Any:
+    """A JSON scalar safe to echo back: non-scalars as text, long text cut (inputs can be huge)."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= MAX_ECHOED_CHARS else text[:MAX_ECHOED_CHARS] + "..."
+
+
+def _field_path(location: Sequence[Any], kind_tags: Iterable[str]) -> tuple[str, str]:
+    """``('body', 'crve_montecarlo', 'params', 'replications')`` -> ``('body', 'params.replications')``.
+
+    The discriminated union puts the kind's tag into the location; the user wrote no such key, so it goes.
+    """
+    parts = list(location)
+    where = str(parts.pop(0)) if parts and parts[0] in ("body", "query", "path", "header", "cookie") else "body"
+    tags = set(kind_tags)
+    if where == "body" and parts and parts[0] in tags:
+        parts.pop(0)
+    return where, ".".join(str(part) for part in parts)
+
+
+def validation_errors(raw_errors: Sequence[Any], kind_tags: Iterable[str]) -> list[dict[str, Any]]:
+    tags = list(kind_tags)
+    errors: list[dict[str, Any]] = []
+    for raw in raw_errors:
+        where, field = _field_path(raw.get("loc", ()), tags)
+        error_type = str(raw.get("type", "value_error"))
+        message = str(raw.get("msg", "invalid value"))
+        context = {key: _json_safe(value) for key, value in (raw.get("ctx") or {}).items() if key != "error"}
+        if where == "body" and not field and error_type in ("union_tag_invalid", "union_tag_not_found"):
+            # The body's own discriminator is ``kind``: name it, and list what exists.
+            field = "kind"
+            known = ", ".join(repr(tag) for tag in tags)
+            if error_type == "union_tag_not_found":
+                error_type, message = "missing", f"Field required: 'kind' names the job kind, one of {known}"
+            else:
+                error_type = "unknown_kind"
+                message = f"unknown job kind {_json_safe(context.get('tag'))!r}; known kinds: {known}"
+            context = {"expected": tags}
+        error: dict[str, Any] = {"field": field or where, "location": where, "message": message, "type": error_type}
+        if context:
+            error["constraint"] = context
+        if "input" in raw and not isinstance(raw["input"], dict | list):
+            error["input"] = _json_safe(raw["input"])
+        errors.append(error)
+    return errors
+
+
+def summarize(errors: Sequence[Mapping[str, Any]]) -> str:
+    first = "; ".join(f"{error['field']}: {error['message']}" for error in errors[:3])
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    return f"{len(errors)} invalid field(s): {first}{more}"
+
+
+# -- handlers ----------------------------------------------------------------------------------------
+
+def install_problem_handlers(app: FastAPI, kind_tags: Sequence[str]) -> None:
+    async def on_problem(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ProblemError)
+        return problem_response(
+            exc.status, exc.detail, type_=exc.type, title=exc.title, instance=request.url.path,
+            errors=exc.errors, headers=exc.headers, extensions=exc.extensions,
+        )
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = validation_errors(exc.errors(), kind_tags)
+        return problem_response(
+            422, summarize(errors), type_=problem_type("validation-error"), title="Invalid request",
+            instance=request.url.path, errors=errors,
+        )
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+        return problem_response(exc.status_code, detail, instance=request.url.path, headers=exc.headers)
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # The traceback goes to the log, never to the client.
+        log.exception("unhandled error", path=request.url.path, method=request.method)
+        return problem_response(
+            500, "an unexpected error occurred; it has been logged", type_=problem_type("internal-error"),
+            instance=request.url.path,
+        )
+
+    app.add_exception_handler(ProblemError, on_problem)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,1 @@
+"""The API's routers: jobs, datasets, health and metrics."""

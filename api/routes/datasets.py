@@ -1,0 +1,149 @@
+"""/v1/datasets: upload (CSV or Parquet, streamed to disk, stored as Parquet), read, list, delete."""
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import structlog
+from fastapi import APIRouter, Request, Response
+from fastapi import Path as PathParam
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import OwnerDep, SessionDep, SettingsDep
+from api.pagination import LimitQuery, OffsetQuery, next_page
+from api.problems import ProblemError, field_error
+from api.routes.jobs import jobs_using_dataset
+from api.schemas import DatasetOut, DatasetPage
+from api.uploads import ReceivedFile, receive_file
+from store.datasets import DatasetError, delete_dataset, detect_format, get_dataset, ingest, list_datasets
+from store.db import session_scope
+from store.settings import Settings
+
+log = structlog.get_logger("gpuest.api")
+
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+
+DatasetIdPath = Annotated[str, PathParam(min_length=1, max_length=64, description="dataset id")]
+UPLOAD_FIELD = "file"
+
+UPLOAD_BODY_SCHEMA: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": [UPLOAD_FIELD],
+                    "properties": {
+                        UPLOAD_FIELD: {"type": "string", "format": "binary", "description": "a .csv or .parquet file"}
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def dataset_not_found(dataset_id: str) -> ProblemError:
+    return ProblemError(404, f"no dataset with id {dataset_id!r}", slug="dataset-not-found")
+
+
+def _invalid_upload(message: str) -> ProblemError:
+    return ProblemError(
+        422, f"{UPLOAD_FIELD}: {message}", slug="invalid-dataset", title="Invalid dataset",
+        errors=[field_error(UPLOAD_FIELD, message, type_="invalid_dataset")],
+    )
+
+
+def _store(received: ReceivedFile, upload: Path, owner: str) -> DatasetOut:
+    """Parse, convert and record the upload; a failure at any step leaves neither a file nor a row."""
+    source_format = detect_format(received.filename, received.content_type)
+    with session_scope() as session:
+        dataset = ingest(session, owner=owner, name=received.filename, upload=upload, source_format=source_format)
+        try:
+            session.commit()
+        except BaseException:
+            delete_stored_file(dataset.path)
+            raise
+        return DatasetOut.from_row(dataset)
+
+
+def delete_stored_file(path: str) -> None:
+    Path(path).unlink(missing_ok=True)
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetOut,
+    openapi_extra=UPLOAD_BODY_SCHEMA,
+    responses={
+        413: {"description": "Larger than max_upload_bytes"},
+        415: {"description": "Not a multipart/form-data body"},
+        422: {"description": "Not a readable CSV or Parquet file (malformed, empty, no rows)"},
+    },
+    summary="Upload a dataset",
+)
+async def upload_dataset(request: Request, response: Response, owner: OwnerDep, settings: SettingsDep) -> DatasetOut:
+    """Multipart field `file`: a CSV or Parquet file, stored as Parquet; answers with its schema."""
+    received = await receive_file(
+        request, field_name=UPLOAD_FIELD, directory=upload_dir(settings), max_bytes=settings.max_upload_bytes
+    )
+    upload = received.path
+    try:
+        if received.filename.lower().endswith(".gz"):
+            # pyarrow recognises compression by the file name: give the temp file the .gz the client used.
+            upload = received.path.rename(received.path.with_name(received.path.name + ".csv.gz"))
+        dataset = await run_in_threadpool(_store, received, upload, owner)
+    except DatasetError as exc:
+        raise _invalid_upload(str(exc)) from exc
+    finally:
+        upload.unlink(missing_ok=True)
+        received.path.unlink(missing_ok=True)
+    log.info("dataset stored", dataset_id=dataset.id, owner=owner, rows=dataset.n_rows, upload_bytes=received.size)
+    response.headers["Location"] = f"/v1/datasets/{dataset.id}"
+    return dataset
+
+
+def upload_dir(settings: Settings) -> Path:
+    # Under the data directory, so the final rename into datasets/ stays on one filesystem.
+    return settings.data_dir / "uploads"
+
+
+@router.get("", response_model=DatasetPage, summary="List datasets")
+def list_owner_datasets(
+    request: Request, owner: OwnerDep, session: SessionDep, limit: LimitQuery = 50, offset: OffsetQuery = 0
+) -> DatasetPage:
+    rows, total = list_datasets(session, owner=owner, limit=limit, offset=offset)
+    return DatasetPage(
+        items=[DatasetOut.from_row(row) for row in rows], total=total, limit=limit, offset=offset,
+        next=next_page(request, limit=limit, offset=offset, returned=len(rows), total=total),
+    )
+
+
+@router.get("/{dataset_id}", response_model=DatasetOut, responses={404: {"description": "No such dataset"}},
+            summary="Get a dataset")
+def get_owner_dataset(dataset_id: DatasetIdPath, owner: OwnerDep, session: SessionDep) -> DatasetOut:
+    dataset = get_dataset(session, dataset_id, owner)
+    if dataset is None:
+        raise dataset_not_found(dataset_id)
+    return DatasetOut.from_row(dataset)
+
+
+@router.delete(
+    "/{dataset_id}",
+    status_code=204,
+    responses={404: {"description": "No such dataset"}, 409: {"description": "A queued or running job uses it"}},
+    summary="Delete a dataset",
+)
+def delete_owner_dataset(dataset_id: DatasetIdPath, owner: OwnerDep, session: SessionDep) -> Response:
+    dataset = get_dataset(session, dataset_id, owner)
+    if dataset is None:
+        raise dataset_not_found(dataset_id)
+    users = jobs_using_dataset(session, owner, dataset_id)
+    if users:
+        raise ProblemError(409, f"dataset {dataset_id} is used by {len(users)} queued or running job(s)",
+                           slug="dataset-in-use", extensions={"jobs": users})
+    delete_dataset(session, dataset)
+    session.commit()
+    log.info("dataset deleted", dataset_id=dataset_id, owner=owner)
+    return Response(status_code=204)

@@ -1,0 +1,236 @@
+"""/v1/jobs: create (202 + Location, Idempotency-Key), read, list, cancel, result, artifacts."""
+
+# No ``from __future__ import annotations`` here: the create route's body type is the discriminated union
+# built at app creation, a local value that FastAPI must see as an object, not as a string to resolve.
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import structlog
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import Path as PathParam
+from fastapi.responses import FileResponse
+from pydantic import BaseModel
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api.deps import OwnerDep, SessionDep
+from api.pagination import LimitQuery, OffsetQuery, next_page
+from api.problems import ProblemError, field_error
+from api.schemas import ArtifactOut, JobOut, JobPage, JobStatus
+from kernels.registry import JobKind
+from store import jobs as job_store
+from store.artifacts import ARTIFACT_NAME_CHARS, job_artifact_dir
+from store.datasets import get_dataset
+from store.models import Job
+from worker.dispatch import enqueue_job
+
+log = structlog.get_logger("gpuest.api")
+
+JobIdPath = Annotated[str, PathParam(min_length=1, max_length=64, description="job id")]
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key", min_length=1, max_length=200,
+        description="Retrying a POST with the same key returns the job the first POST created",
+    ),
+]
+
+NOT_FOUND_RESPONSES: dict[int | str, dict[str, Any]] = {404: {"description": "No such job for this API key"}}
+
+
+def job_not_found(job_id: str) -> ProblemError:
+    # Another owner's job answers exactly like a missing one.
+    return ProblemError(404, f"no job with id {job_id!r}", slug="job-not-found")
+
+
+def owned_job(session: Session, job_id: str, owner: str) -> Job:
+    job = job_store.get_job(session, job_id, owner)
+    if job is None:
+        raise job_not_found(job_id)
+    return job
+
+
+def check_datasets(session: Session, owner: str, dataset_ids: Mapping[str, str]) -> None:
+    """Every dataset a job names must exist and belong to the caller (another owner's id reads as missing)."""
+    errors = [
+        field_error(f"params.{field}", f"no dataset with id {dataset_id!r}", type_="dataset_not_found")
+        for field, dataset_id in dataset_ids.items()
+        if get_dataset(session, dataset_id, owner) is None
+    ]
+    if errors:
+        raise ProblemError(
+            422, "; ".join(f"{error['field']}: {error['message']}" for error in errors),
+            slug="validation-error", title="Invalid request", errors=errors,
+        )
+
+
+def _enqueue(job_id: str) -> None:
+    # The database is the truth and the broker a doorbell: if it is down the job stays queued and the
+    # worker's reaper re-sends it, so the client still gets its 202.
+    try:
+        enqueue_job(job_id)
+    except Exception:
+        log.exception("could not enqueue job; it stays queued for the reaper to re-send", job_id=job_id)
+
+
+def build_router(kinds: Mapping[str, JobKind], job_request: Any) -> APIRouter:
+    router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+    @router.post(
+        "",
+        status_code=202,
+        response_model=JobOut,
+        summary="Submit a job",
+        responses={422: {"description": "Invalid spec: the problem's `errors` name each field"}},
+    )
+    def create_job(
+        body: job_request,  # type: ignore[valid-type]
+        request: Request,
+        response: Response,
+        owner: OwnerDep,
+        session: SessionDep,
+        idempotency_key: IdempotencyKeyHeader = None,
+    ) -> JobOut:
+        """Validate the spec against its kind, store the job as `queued` and ring the worker queue."""
+        kind = kinds[body.kind]
+        params: BaseModel = body.params
+        dataset_ids = kind.dataset_ids(params)
+        check_datasets(session, owner, dataset_ids)
+        stored_params = params.model_dump(mode="json")
+        job, created = job_store.create_job(
+            session, owner=owner, kind=kind.name, params=stored_params, dataset_ids=dataset_ids,
+            idempotency_key=idempotency_key,
+        )
+        if not created and (job.kind != kind.name or job.params != stored_params):
+            raise ProblemError(
+                422, "this Idempotency-Key was already used for a different job spec",
+                slug="idempotency-key-reused",
+                errors=[field_error("Idempotency-Key", "already used with another spec", type_="idempotency_key_reused",
+                                    location="header")],
+            )
+        session.commit()
+        if job.status == "queued":
+            _enqueue(job.id)
+        if created:
+            log.info("job created", job_id=job.id, kind=job.kind, owner=owner)
+        else:
+            response.headers["Idempotent-Replayed"] = "true"
+        response.headers["Location"] = f"/v1/jobs/{job.id}"
+        return JobOut.from_row(job)
+
+    @router.get("", response_model=JobPage, summary="List jobs")
+    def list_jobs(
+        request: Request,
+        owner: OwnerDep,
+        session: SessionDep,
+        kind: Annotated[str | None, Query(max_length=64, description="only this job kind")] = None,
+        status: Annotated[JobStatus | None, Query(description="only this status")] = None,
+        limit: LimitQuery = 50,
+        offset: OffsetQuery = 0,
+    ) -> JobPage:
+        """The caller's jobs, newest first."""
+        rows, total = job_store.list_jobs(session, owner=owner, kind=kind, status=status, limit=limit, offset=offset)
+        return JobPage(
+            items=[JobOut.from_row(job) for job in rows], total=total, limit=limit, offset=offset,
+            next=next_page(request, limit=limit, offset=offset, returned=len(rows), total=total),
+        )
+
+    @router.get("/{job_id}", response_model=JobOut, responses=NOT_FOUND_RESPONSES, summary="Get a job")
+    def get_job(job_id: JobIdPath, owner: OwnerDep, session: SessionDep) -> JobOut:
+        return JobOut.from_row(owned_job(session, job_id, owner))
+
+    @router.post(
+        "/{job_id}/cancel",
+        response_model=JobOut,
+        responses={**NOT_FOUND_RESPONSES, 202: {"description": "Running: the worker stops at its next checkpoint"},
+                   409: {"description": "The job already finished"}},
+        summary="Cancel a job",
+    )
+    def cancel_job(job_id: JobIdPath, owner: OwnerDep, session: SessionDep, response: Response) -> JobOut:
+        """A queued job is cancelled at once and never runs; a running one is flagged and the worker stops
+        it at its next progress checkpoint (202)."""
+        job = job_store.request_cancel(session, job_id, owner)
+        if job is None:
+            raise job_not_found(job_id)
+        session.commit()
+        if job.status in ("succeeded", "failed"):
+            raise ProblemError(409, f"job {job_id} already {job.status}; there is nothing to cancel",
+                               slug="job-finished", extensions={"job_status": job.status})
+        if job.status == "running":
+            response.status_code = 202
+        log.info("job cancel requested", job_id=job_id, status=job.status)
+        return JobOut.from_row(job)
+
+    @router.get(
+        "/{job_id}/result",
+        response_model=dict[str, Any],
+        responses={**NOT_FOUND_RESPONSES, 409: {"description": "The job has not succeeded (yet)"}},
+        summary="Get a job's result",
+    )
+    def get_result(job_id: JobIdPath, owner: OwnerDep, session: SessionDep) -> dict[str, Any]:
+        job = owned_job(session, job_id, owner)
+        if job.status != "succeeded":
+            detail = f"job {job_id} is {job.status}; a result exists only once it has succeeded"
+            if job.status == "failed" and job.error:
+                detail += f" (error: {job.error.get('type')}: {job.error.get('message')})"
+            raise ProblemError(409, detail, slug="result-not-ready", extensions={"job_status": job.status})
+        return dict(job.result or {})
+
+    @router.get(
+        "/{job_id}/artifacts", response_model=list[ArtifactOut], responses=NOT_FOUND_RESPONSES,
+        summary="List a job's artifacts",
+    )
+    def list_artifacts(job_id: JobIdPath, owner: OwnerDep, session: SessionDep) -> list[ArtifactOut]:
+        job = owned_job(session, job_id, owner)
+        return [
+            ArtifactOut(
+                name=name, file=str(reference.get("file", "")), media_type=str(reference.get("media_type", "")),
+                bytes=int(reference.get("bytes", 0)), href=f"/v1/jobs/{job.id}/artifacts/{name}",
+            )
+            for name, reference in sorted((job.artifacts or {}).items())
+        ]
+
+    @router.get(
+        "/{job_id}/artifacts/{name}",
+        response_class=FileResponse,
+        responses={**NOT_FOUND_RESPONSES, 200: {"content": {"application/octet-stream": {}}}},
+        summary="Download one artifact",
+    )
+    def download_artifact(
+        job_id: JobIdPath,
+        name: Annotated[str, PathParam(min_length=1, max_length=200)],
+        owner: OwnerDep,
+        session: SessionDep,
+    ) -> FileResponse:
+        job = owned_job(session, job_id, owner)
+        path, media_type = artifact_file(job, name)
+        return FileResponse(path, media_type=media_type, filename=path.name)
+
+    return router
+
+
+def _safe_name(name: str) -> bool:
+    return bool(name) and not set(name) - ARTIFACT_NAME_CHARS and not name.startswith(".")
+
+
+def artifact_file(job: Job, name: str) -> tuple[Path, str]:
+    """The file of artifact ``name``, proven to lie inside the job's artifact folder."""
+    missing = ProblemError(404, f"job {job.id} has no artifact named {name!r}", slug="artifact-not-found")
+    reference = (job.artifacts or {}).get(name) if _safe_name(name) else None
+    if not isinstance(reference, dict) or not _safe_name(str(reference.get("file", ""))):
+        raise missing
+    directory = job_artifact_dir(job.id).resolve()
+    path = (directory / str(reference["file"])).resolve()
+    if not path.is_relative_to(directory) or not path.is_file():
+        raise missing
+    return path, str(reference.get("media_type") or "application/octet-stream")
+
+
+def jobs_using_dataset(session: Session, owner: str, dataset_id: str) -> list[str]:
+    """Ids of the owner's queued or running jobs that read ``dataset_id``."""
+    rows = session.execute(
+        select(Job.id, Job.dataset_ids).where(Job.owner == owner, Job.status.in_(("queued", "running")))
+    ).all()
+    return [job_id for job_id, ids in rows if dataset_id in (ids or {}).values()]

@@ -1,0 +1,203 @@
+"""Request and response bodies of the REST API. The job-create body is a discriminated union on ``kind``
+built from the job registry, so every kind's params schema appears in the OpenAPI document."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, Union
+
+from fastapi import Body
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from kernels.registry import JobKind
+from store.models import Dataset, Job
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+def as_utc(moment: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every stored time is UTC."""
+    if moment is None:
+        return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+# -- job create ----------------------------------------------------------------------------------------
+
+def _model_name(kind_name: str) -> str:
+    return "".join(part.capitalize() for part in kind_name.split("_")) + "JobRequest"
+
+
+def job_request_model(kind: JobKind) -> type[BaseModel]:
+    example = {"kind": kind.name, "params": dict(kind.example)} if kind.example else None
+    return create_model(
+        _model_name(kind.name),
+        __config__=ConfigDict(
+            extra="forbid",
+            title=_model_name(kind.name),
+            json_schema_extra={"examples": [example]} if example else None,
+        ),
+        __doc__=kind.summary or f"Create a {kind.name} job.",
+        kind=(Literal[kind.name], Field(description=kind.summary or kind.name)),  # type: ignore[valid-type]
+        params=(kind.params_model, Field(description=f"Parameters of {kind.name}")),
+    )
+
+
+def job_request_union(kinds: Mapping[str, JobKind]) -> Any:
+    """``Annotated[Union[<one model per kind>], Body(discriminator="kind")]`` for the create-job route."""
+    if not kinds:
+        raise RuntimeError("the job registry is empty: no job kind can be submitted")
+    models = tuple(job_request_model(kind) for kind in kinds.values())
+    return Annotated[Union[models], Body(discriminator="kind")]  # noqa: UP007 (a runtime tuple of types)
+
+
+# -- job -------------------------------------------------------------------------------------------------
+
+class JobErrorOut(BaseModel):
+    type: str
+    message: str
+
+
+class JobLinks(BaseModel):
+    self: str
+    cancel: str
+    result: str
+    artifacts: str
+
+
+class JobOut(BaseModel):
+    id: str
+    kind: str
+    status: JobStatus
+    params: dict[str, Any]
+    progress: float = Field(ge=0, le=1)
+    stage: str | None
+    device: str | None
+    attempts: int
+    error: JobErrorOut | None
+    timings: dict[str, Any]
+    cancel_requested: bool
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    artifacts: list[str] = Field(description="names accepted by /v1/jobs/{id}/artifacts/{name}")
+    links: JobLinks
+
+    @classmethod
+    def from_row(cls, job: Job) -> JobOut:
+        base = f"/v1/jobs/{job.id}"
+        error = job.error if isinstance(job.error, dict) else None
+        return cls(
+            id=job.id,
+            kind=job.kind,
+            status=job.status,  # type: ignore[arg-type]
+            params=dict(job.params or {}),
+            progress=float(job.progress or 0.0),
+            stage=job.stage,
+            device=job.device,
+            attempts=job.attempts or 0,
+            error=JobErrorOut(
+                type=str(error.get("type", "Error")), message=str(error.get("message", ""))
+            ) if error else None,
+            timings=dict(job.timings or {}),
+            cancel_requested=bool(job.cancel_requested),
+            created_at=as_utc(job.created_at),  # type: ignore[arg-type]
+            started_at=as_utc(job.started_at),
+            finished_at=as_utc(job.finished_at),
+            artifacts=sorted((job.artifacts or {}).keys()),
+            links=JobLinks(self=base, cancel=f"{base}/cancel", result=f"{base}/result", artifacts=f"{base}/artifacts"),
+        )
+
+
+class Page(BaseModel):
+    total: int = Field(description="rows matching the filters")
+    limit: int
+    offset: int
+    next: str | None = Field(description="URL of the next page, or null on the last one")
+
+
+class JobPage(Page):
+    items: list[JobOut]
+
+
+class ArtifactOut(BaseModel):
+    name: str
+    file: str
+    media_type: str
+    bytes: int
+    href: str
+
+
+# -- datasets ----------------------------------------------------------------------------------------------
+
+class ColumnOut(BaseModel):
+    name: str
+    dtype: str
+
+
+class DatasetOut(BaseModel):
+    id: str
+    name: str
+    source_format: str
+    columns: list[ColumnOut]
+    n_rows: int
+    size_bytes: int = Field(description="bytes of the stored Parquet file")
+    created_at: datetime
+    links: dict[str, str]
+
+    @classmethod
+    def from_row(cls, dataset: Dataset) -> DatasetOut:
+        return cls(
+            id=dataset.id,
+            name=dataset.name,
+            source_format=dataset.source_format,
+            columns=[ColumnOut(name=str(column["name"]), dtype=str(column["dtype"])) for column in dataset.columns],
+            n_rows=dataset.n_rows,
+            size_bytes=dataset.size_bytes,
+            created_at=as_utc(dataset.created_at),  # type: ignore[arg-type]
+            links={"self": f"/v1/datasets/{dataset.id}"},
+        )
+
+
+class DatasetPage(Page):
+    items: list[DatasetOut]
+
+
+# -- service ---------------------------------------------------------------------------------------------
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(BaseModel):
+    status: Literal["ready"] = "ready"
+    checks: dict[str, str]
+
+
+class FieldErrorOut(BaseModel):
+    field: str = Field(description="dotted path of the offending field, e.g. params.replications")
+    location: str = Field(description="body, query, path or header")
+    message: str
+    type: str = Field(description="machine-readable error type, e.g. greater_than_equal, missing, extra_forbidden")
+    constraint: dict[str, Any] | None = Field(default=None, description="the bound broken, e.g. {'ge': 1}")
+    input: Any = None
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details (``application/problem+json``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str | None = None
+    instance: str | None = None
+    errors: list[FieldErrorOut] | None = Field(default=None, description="validation errors, one per field")
+
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": Problem, "description": "Problem details (RFC 9457)"},
+    "5XX": {"model": Problem, "description": "Problem details (RFC 9457)"},
+}

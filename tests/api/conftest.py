@@ -1,0 +1,132 @@
+"""An isolated API: a temp data dir with a migrated SQLite database, kombu's SQLAlchemy broker over a
+temp SQLite file, the real job registry, and API keys for two owners. No worker runs here, so jobs stay
+queued unless a test moves them through the store (the same calls the worker makes)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from api_helpers import MAX_UPLOAD_BYTES
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from store import db
+from store.db import session_scope
+from store.keys import create_key
+from store.migrate import upgrade_to_head
+from store.settings import get_settings
+
+
+def clear_cached_settings() -> None:
+    get_settings.cache_clear()
+    db.engine_for.cache_clear()
+    db._session_factory.cache_clear()
+
+
+def _fresh_postgres_database(server_url: str) -> tuple[str, Callable[[], None]]:
+    """A throwaway database on the server DATABASE_URL names, so tests never see each other's rows."""
+    from sqlalchemy import create_engine, make_url, text
+
+    name = f"gpuest_api_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(make_url(server_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False), drop
+
+
+BACKENDS = ["embedded", pytest.param("servers", marks=pytest.mark.servers)]
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    """One throwaway Postgres database for the session's servers-tier API tests (emptied before each)."""
+    url, drop = _fresh_postgres_database(os.environ["DATABASE_URL"])
+    yield url
+    drop()
+
+
+def _empty_tables(database_url: str) -> None:
+    from sqlalchemy import text
+
+    with db.engine_for(database_url).begin() as connection:
+        connection.execute(text("TRUNCATE jobs, datasets, api_keys"))
+
+
+@pytest.fixture(params=BACKENDS)
+def api_env(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, str]]:
+    """Environment of a fresh, migrated store with auth on; the test process uses it.
+
+    ``embedded``: SQLite + kombu's SQLAlchemy broker in tmp_path. ``servers``: a new Postgres database
+    beside DATABASE_URL's and the Redis at REDIS_URL (the root conftest skips this tier without them).
+    """
+    server_urls = (os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", ""))
+    data_dir = tmp_path / "var"
+    env = {
+        "GPUEST_DATA_DIR": str(data_dir),
+        "GPUEST_AUTH_ENABLED": "true",
+        "GPUEST_BROKER_URL": f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}",
+        "GPUEST_MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES),
+        "GPUEST_QUEUE": f"api-test-{uuid.uuid4().hex[:8]}",
+    }
+    if request.param == "servers":
+        env.update(GPUEST_DATABASE_URL=request.getfixturevalue("postgres_database"), GPUEST_BROKER_URL=server_urls[1])
+    for name in ("DATABASE_URL", "GPUEST_DATABASE_URL", "BROKER_URL", "REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    clear_cached_settings()
+    upgrade_to_head()
+    if request.param == "servers":
+        _empty_tables(env["GPUEST_DATABASE_URL"])
+    yield env
+    db.get_engine().dispose()
+    clear_cached_settings()
+    if request.param == "servers":
+        import redis
+
+        redis.Redis.from_url(server_urls[1]).delete(env["GPUEST_QUEUE"])
+
+
+@pytest.fixture
+def app(api_env: dict[str, str]) -> FastAPI:
+    from api.app import create_app
+
+    return create_app()
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:
+    """A client (lifespan run) that sends alice's API key unless a request overrides the header."""
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def make_key(api_env: dict[str, str]) -> Callable[[str], str]:
+    def make(owner: str) -> str:
+        with session_scope() as session:
+            return create_key(session, owner)
+
+    return make
+
+
+@pytest.fixture
+def alice(make_key: Callable[[str], str]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {make_key('alice')}"}
+
+
+@pytest.fixture
+def bob(make_key: Callable[[str], str]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {make_key('bob')}"}

@@ -17,6 +17,7 @@ import pytest
 from store import db
 from store.migrate import upgrade_to_head
 from store.settings import get_settings
+from tests import servers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,30 +26,6 @@ def _clear_caches() -> None:
     get_settings.cache_clear()
     db.engine_for.cache_clear()
     db._session_factory.cache_clear()
-
-
-def _server_urls() -> tuple[str, str] | None:
-    database_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
-    if database_url and redis_url:
-        return database_url, redis_url
-    return None
-
-
-def _fresh_postgres_database(admin_url: str) -> tuple[str, Callable[[], None]]:
-    """A throwaway database beside the one DATABASE_URL names, so tests never see each other's rows."""
-    from sqlalchemy import create_engine, make_url, text
-
-    name = f"gpuest_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(make_url(admin_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return make_url(admin_url).set(database=name).render_as_string(hide_password=False), drop
 
 
 BACKENDS = ["embedded", pytest.param("servers", marks=pytest.mark.servers)]
@@ -68,13 +45,13 @@ def stack_env(
         "GPUEST_QUEUE": f"test-{uuid.uuid4().hex[:8]}",
     }
     cleanup: Callable[[], None] | None = None
-    server_urls = _server_urls()
+    server_urls = servers.server_urls()
     for name in ("DATABASE_URL", "BROKER_URL", "REDIS_URL", "GPUEST_DATABASE_URL", "GPUEST_BROKER_URL"):
         monkeypatch.delenv(name, raising=False)
     if request.param == "servers":
         if server_urls is None:
             pytest.skip("DATABASE_URL and REDIS_URL not set: the Postgres + Redis tier is skipped")
-        database_url, cleanup = _fresh_postgres_database(server_urls[0])
+        database_url, cleanup = servers.fresh_postgres_database(server_urls[0])
         env.update(DATABASE_URL=database_url, BROKER_URL=server_urls[1])
     for name, value in env.items():
         monkeypatch.setenv(name, value)

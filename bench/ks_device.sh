@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Krusell-Smith on the lent GPU: GPU-vs-NumPy tests, then the benchmarks; logs under $OUT.
+set -o pipefail
+OUT=${OUT:-/tmp/ks_out}; mkdir -p "$OUT"
+nvidia-smi -L; python3 -c 'import cupy; print("cupy", cupy.__version__)'
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+lscpu | grep -m1 'Model name'
+python3 -m pytest tests/kernels/ks/test_ks_gpu.py -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/ks_gpu_tests.log"
+B="python3 bench/ks_bench.py"
+{
+  $B panel --n-agents 10000000 --periods 1000 --interpolation catmull_rom --precision float64
+  $B panel --n-agents 10000000 --periods 1000 --interpolation catmull_rom --precision float32
+  $B panel --n-agents 10000000 --periods 1000 --interpolation bilinear --precision float64
+  $B panel --n-agents 10000000 --periods 1000 --interpolation catmull_rom --k-size 500 --K-size 50
+  $B solve --k-size 500 --K-size 50 --n-agents 10000000 --interpolation catmull_rom
+  $B solve --k-size 500 --K-size 50 --n-agents 10000000 --interpolation bilinear
+  $B solve --k-size 500 --K-size 50 --n-agents 10000000 --interpolation catmull_rom --precision float32
+  $B solve --k-size 100 --K-size 4 --n-agents 10000000 --interpolation catmull_rom
+  $B solve --k-size 100 --K-size 4 --n-agents 10000 --interpolation catmull_rom
+  $B solve --k-size 100 --K-size 4 --n-agents 10000 --interpolation bilinear
+  GPUEST_DEVICE=cpu $B panel --n-agents 1000000 --periods 10 --repeats 1 --interpolation catmull_rom
+} 2>&1 | tee "$OUT/ks_bench.log"
+echo "== summary"; python3 bench/ks_bench.py summary --log "$OUT/ks_bench.log"
+tail -3 "$OUT/ks_gpu_tests.log"

@@ -1,0 +1,102 @@
+"""From a data frame and a Wilkinson formula to the arrays of the bootstrap (pandas + formulaic; job side only).
+
+``"y ~ x1 + x2"`` has an intercept, ``"y ~ x1 + x2 - 1"`` none, ``"y ~ x1 + x2 | fe"`` absorbs the one-way
+fixed effect ``fe`` (the intercept then goes into it), as in pyfixest and fixest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from formulaic import Formula, model_matrix
+
+
+@dataclass
+class DesignArrays:
+    x: np.ndarray
+    y: np.ndarray
+    names: list[str]
+    cluster: np.ndarray
+    n_clusters: int
+    bootcluster: np.ndarray | None
+    n_boot_clusters: int | None
+    fe: np.ndarray | None
+    n_fe: int | None
+    fe_name: str | None
+
+
+def _codes(frame: pd.DataFrame, column: str, role: str) -> tuple[np.ndarray, int]:
+    if column not in frame.columns:
+        raise ValueError(f"{role}: column {column!r} is not in the dataset (columns: {list(frame.columns)})")
+    values = frame[column]
+    if values.isna().any():
+        raise ValueError(f"{role}: column {column!r} has {int(values.isna().sum())} missing values")
+    codes, uniques = pd.factorize(values, sort=True)
+    return codes.astype(np.int64), len(uniques)
+
+
+def _check_finite(frame: pd.DataFrame, columns: list[str]) -> None:
+    for column in columns:
+        values = frame[column]
+        if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+            as_float = values.to_numpy(dtype=np.float64, na_value=np.nan)
+            bad = ~np.isfinite(as_float)
+            if bad.any():
+                raise ValueError(f"formula: column {column!r} has {int(bad.sum())} NaN or infinite values")
+        elif values.isna().any():
+            raise ValueError(f"formula: column {column!r} has {int(values.isna().sum())} missing values")
+
+
+def design_from_formula(
+    frame: pd.DataFrame, formula: str, cluster: str, bootcluster: str | None = None
+) -> DesignArrays:
+    """Parse ``formula`` on ``frame``; raise ValueError naming the column or parameter at fault."""
+    if "~" not in formula:
+        raise ValueError(f"formula: {formula!r} has no '~' (expected e.g. 'y ~ x1 + x2')")
+    main, _, absorbed = formula.partition("|")
+    fe_name = absorbed.strip() or None
+    if fe_name is not None and ("+" in fe_name or "^" in fe_name):
+        raise ValueError(f"formula: only one absorbed fixed effect is supported, got {fe_name!r}")
+    try:
+        parsed = Formula(main)
+        required = sorted(str(variable) for variable in parsed.required_variables)
+    except Exception as error:  # formulaic's parse errors
+        raise ValueError(f"formula: cannot parse {main!r}: {error}") from None
+    missing = [name for name in required if name not in frame.columns]
+    if missing:
+        raise ValueError(f"formula: columns {missing} are not in the dataset (columns: {list(frame.columns)})")
+    _check_finite(frame, required)
+    if fe_name is not None:
+        main = main + " - 1"  # the fixed effect absorbs the intercept
+    try:
+        matrices = model_matrix(main, frame, na_action="raise")
+    except Exception as error:
+        raise ValueError(f"formula: cannot build the design of {formula!r}: {error}") from None
+    if not hasattr(matrices, "lhs") or matrices.lhs.shape[1] != 1:
+        raise ValueError(f"formula: {formula!r} needs exactly one dependent variable left of '~'")
+    x_frame = matrices.rhs
+    if x_frame.shape[1] == 0:
+        raise ValueError(f"formula: {formula!r} has no regressors")
+    x = np.ascontiguousarray(x_frame.to_numpy(dtype=np.float64))
+    y = np.ascontiguousarray(matrices.lhs.to_numpy(dtype=np.float64)[:, 0])
+    cluster_codes, n_clusters = _codes(frame, cluster, "cluster")
+    boot_codes = n_boot = None
+    if bootcluster is not None and bootcluster != cluster:
+        boot_codes, n_boot = _codes(frame, bootcluster, "bootcluster")
+    fe_codes = n_fe = None
+    if fe_name is not None:
+        fe_codes, n_fe = _codes(frame, fe_name, "formula fixed effect")
+    return DesignArrays(
+        x=x,
+        y=y,
+        names=[str(name) for name in x_frame.columns],
+        cluster=cluster_codes,
+        n_clusters=n_clusters,
+        bootcluster=boot_codes,
+        n_boot_clusters=n_boot,
+        fe=fe_codes,
+        n_fe=n_fe,
+        fe_name=fe_name,
+    )

@@ -1,0 +1,222 @@
+"""The CRVE job kinds ``crve_bootstrap`` and ``crve_montecarlo``, wired to the registry."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from kernels.backend import device_label, get_namespace, is_gpu
+from kernels.crve import montecarlo as mc
+from kernels.crve.bootstrap import BootstrapData, BootstrapOptions, t_summary, wild_cluster_bootstrap
+from kernels.crve.formula import design_from_formula
+from kernels.crve.spec import BootstrapParams, BootstrapResult, CoefficientRow, MonteCarloParams, MonteCarloResult
+from kernels.crve.synthetic import synthetic_columns
+from kernels.progress import Progress
+from kernels.registry import JobKind
+from kernels.timing import StageTimer
+
+# float64 elements one NumPy block of replications may hold (about 64 MB per array).
+_NUMPY_BLOCK_ELEMENTS = 8_000_000
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no NaN or infinity: undefined summaries are null."""
+    return float(value) if math.isfinite(value) else None
+
+
+def _levels(values: dict[float, float]) -> dict[str, float]:
+    return {f"{level:.2f}": float(value) for level, value in values.items()}
+
+
+def run_montecarlo(params: MonteCarloParams, data: Mapping[str, Any], progress: Progress) -> dict[str, Any]:
+    if params.test_coefficient >= params.n_regressors:
+        raise ValueError(
+            f"test_coefficient={params.test_coefficient} must be a slope index below n_regressors="
+            f"{params.n_regressors} (0 is the intercept)"
+        )
+    n_obs = params.n_clusters * params.cluster_size
+    if n_obs <= params.n_regressors:
+        raise ValueError(
+            f"n_clusters * cluster_size = {n_obs} observations cannot identify n_regressors={params.n_regressors}"
+        )
+    xp = get_namespace()
+    timer = StageTimer(xp)
+    design = mc.Design(params.n_clusters, params.cluster_size, params.n_regressors, params.seed)
+    bootstrap = params.test == "wild_bootstrap"
+    crit = None if bootstrap else mc.critical_values(params.critical_values, params.n_clusters)
+    progress(0.0, "replications 0/" + str(params.replications))
+    summary, draws = mc.simulate(
+        xp,
+        design,
+        replications=params.replications,
+        test_coefficient=params.test_coefficient,
+        ssc=params.ssc,
+        critical=crit,
+        bootstrap_reps=params.bootstrap_reps if bootstrap else None,
+        weights_type=params.weights_type,
+        report=progress,
+        timer=timer,
+        numpy_block_elements=_NUMPY_BLOCK_ELEMENTS,
+    )
+    result = MonteCarloResult(
+        test=params.test,
+        replications=summary.replications,
+        n_clusters=params.n_clusters,
+        cluster_size=params.cluster_size,
+        n_regressors=params.n_regressors,
+        n_obs=n_obs,
+        test_coefficient=params.test_coefficient,
+        true_value=mc.TRUE_COEFFICIENT,
+        seed=params.seed,
+        rejection_rate=_levels(summary.rejection_rate),
+        rejection_rate_se=_levels(summary.rejection_rate_se),
+        critical_values=None if crit is None else _levels(crit),
+        mean_estimate=summary.mean_estimate,
+        sd_estimate=_finite(summary.sd_estimate),
+        mean_se=summary.mean_se,
+        se_ratio=_finite(summary.mean_se / summary.sd_estimate) if summary.sd_estimate > 0 else None,
+        bootstrap_reps=draws if bootstrap else None,
+        weights_type=params.weights_type if bootstrap else None,
+        device=device_label(xp),
+        timings=timer.as_dict(),
+    )
+    return result.model_dump(mode="json")
+
+
+def _bootstrap_frame(params: BootstrapParams, data: Mapping[str, Any]) -> pd.DataFrame:
+    if params.synthetic is not None:
+        spec = params.synthetic
+        columns = synthetic_columns(np, spec.n_obs, spec.n_clusters, spec.n_regressors, spec.seed, spec.n_fe)
+        return pd.DataFrame(columns)
+    frame = data.get("dataset_id")
+    if frame is None:
+        raise ValueError(f"dataset_id: dataset {params.dataset_id!r} was not provided to the runner")
+    return frame
+
+
+def run_bootstrap(params: BootstrapParams, data: Mapping[str, Any], progress: Progress) -> dict[str, Any]:
+    xp = get_namespace()
+    timer = StageTimer(xp)
+    progress(0.0, "parsing formula")
+    with timer.stage("formula"):
+        design = design_from_formula(_bootstrap_frame(params, data), params.formula, params.cluster, params.bootcluster)
+    if params.param not in design.names:
+        raise ValueError(f"param: {params.param!r} is not a coefficient of the formula; coefficients: {design.names}")
+    with timer.stage("to_device"):
+
+        def move(array: np.ndarray | None) -> Any:
+            return None if array is None else xp.asarray(array)
+
+        arrays = BootstrapData(
+            x=move(design.x),
+            y=move(design.y),
+            cluster=move(design.cluster),
+            n_clusters=design.n_clusters,
+            bootcluster=move(design.bootcluster),
+            n_boot_clusters=design.n_boot_clusters,
+            fe=move(design.fe),
+            n_fe=design.n_fe,
+            names=design.names,
+        )
+    options = BootstrapOptions(
+        param=design.names.index(params.param),
+        r=params.r,
+        reps=params.reps,
+        weights_type=params.weights_type,
+        impose_null=params.impose_null,
+        p_val_type=params.p_val_type,
+        conf_int=params.conf_int,
+        sign_level=params.sign_level,
+        ssc=params.ssc,
+        seed=params.seed,
+        block_elements=64_000_000 if is_gpu(xp) else 4_000_000,
+    )
+
+    def report(fraction: float, stage: str) -> None:
+        progress(min(1.0, 0.05 + 0.9 * fraction), stage)
+
+    outcome = wild_cluster_bootstrap(xp, arrays, options, report=report, timer=timer)
+    with timer.stage("artifacts"):
+        progress.save_artifact("bootstrap_t", outcome.t_boot)
+    df = outcome.n_clusters - 1
+    critical = float(stats.t.ppf(1 - params.sign_level / 2, df))
+    rows = []
+    for index, name in enumerate(design.names):
+        estimate, se = float(outcome.coefficients[index]), float(outcome.standard_errors[index])
+        t_stat = estimate / se
+        rows.append(
+            CoefficientRow(
+                name=name,
+                estimate=estimate,
+                se=se,
+                t_stat=t_stat,
+                p_value=float(2 * stats.t.sf(abs(t_stat), df)),
+                conf_int=[estimate - critical * se, estimate + critical * se],
+            )
+        )
+    fixed_effect = None
+    if design.fe_name is not None:
+        fixed_effect = {"name": design.fe_name, "levels": design.n_fe, "nested_in_cluster": outcome.fe_nested}
+    result = BootstrapResult(
+        param=params.param,
+        r=params.r,
+        estimate=outcome.estimate,
+        se=outcome.se,
+        t_stat=outcome.t_stat,
+        p_value=outcome.p_values[params.p_val_type],
+        p_value_analytic=outcome.p_values_analytic[params.p_val_type],
+        p_values=outcome.p_values,
+        p_val_type=params.p_val_type,
+        conf_int=None if outcome.conf_int is None else list(outcome.conf_int),
+        conf_int_analytic=list(outcome.conf_int_analytic),
+        sign_level=params.sign_level,
+        reps=params.reps,
+        reps_used=outcome.reps_used,
+        enumerated=outcome.enumerated,
+        weights_type=params.weights_type,
+        bootstrap_type="WCR" if params.impose_null else "WCU",
+        seed=params.seed,
+        ssc=params.ssc,
+        ssc_factor=outcome.ssc_factor,
+        n_obs=outcome.n_obs,
+        n_clusters=outcome.n_clusters,
+        n_boot_clusters=outcome.n_boot_clusters,
+        n_params_ssc=outcome.n_params_ssc,
+        fixed_effect=fixed_effect,
+        coefficients=rows,
+        bootstrap_t=t_summary(outcome.t_boot),
+        device=device_label(xp),
+        timings=timer.as_dict(),
+    )
+    progress(1.0, "done")
+    return result.model_dump(mode="json")
+
+
+KINDS = [
+    JobKind(
+        name="crve_bootstrap",
+        params_model=BootstrapParams,
+        run=run_bootstrap,
+        dataset_fields=("dataset_id",),
+        summary="Wild cluster bootstrap-t (WCR/WCU, fast-and-wild algorithm) with CRV1 standard errors",
+        example={
+            "synthetic": {"n_obs": 10_000, "n_clusters": 40, "n_regressors": 3, "seed": 1},
+            "formula": "y ~ x1 + x2 + x3",
+            "cluster": "cluster",
+            "param": "x1",
+            "reps": 9999,
+        },
+    ),
+    JobKind(
+        name="crve_montecarlo",
+        params_model=MonteCarloParams,
+        run=run_montecarlo,
+        summary="Monte Carlo of CRV1 t tests or WCR wild cluster bootstrap tests in the CGM (2008) design",
+        example={"n_clusters": 50, "cluster_size": 30, "n_regressors": 2, "replications": 1000, "seed": 1},
+    ),
+]

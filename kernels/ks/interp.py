@@ -1,0 +1,163 @@
+"""Two-dimensional interpolation of a policy table k'(k, K) at scattered points, NumPy/CuPy and CUDA twins.
+
+Tables have shape (planes, k_size, K_size) (K fastest); each point names its plane (the (a, eps) pair).
+
+* ``bilinear``: linear in physical k and K inside the cell that holds the point (the cell is found through
+  the grid coordinate, so no search is needed on the polynomial k grid).
+* ``catmull_rom``: the bicubic Catmull-Rom filter of Hatcher & Scheffel (2014), Algorithm A.2, in grid
+  coordinates (uniform in t = ((k - k_min)/(k_max - k_min))^(1/theta) and in K), with the weights
+  w0 = a(-1/2 + a(1 - a/2)), w1 = 1 + a^2(-5/2 + 3a/2), w2 = a(1/2 + a(2 - 3a/2)), w3 = a^2(-1/2 + a/2),
+  the inner filter along K and the outer along k as in the paper, and indices clamped at the edges
+  (the texture's clamp addressing mode).
+
+Catmull-Rom reproduces polynomials of degree <= 2 exactly and is third-order accurate; it is *not* exact
+on cubics (x^3 on nodes -1, 0, 1, 2 gives 0.109375 at x = 0.25 instead of 0.015625), since its node
+slopes are central differences. The tests check the quadratic exactness and the O(h^3) error.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Literal
+
+from kernels.ks.grids import Grids, K_coordinate, k_coordinate
+
+Method = Literal["bilinear", "catmull_rom"]
+
+
+def catmull_rom_weights(xp: ModuleType, a: Any) -> tuple[Any, Any, Any, Any]:
+    """The four Catmull-Rom weights at fraction a in [0, 1] (Algorithm A.2, catrom_w0a..w3a)."""
+    w0 = a * (-0.5 + a * (1.0 - 0.5 * a))
+    w1 = 1.0 + a * a * (-2.5 + 1.5 * a)
+    w2 = a * (0.5 + a * (2.0 - 1.5 * a))
+    w3 = a * a * (-0.5 + 0.5 * a)
+    return w0, w1, w2, w3
+
+
+def cell_and_fraction(xp: ModuleType, s: Any, size: int) -> tuple[Any, Any]:
+    """Cell index i in [0, size - 2] holding coordinate s, and the fraction s - i in [0, 1]."""
+    cell = xp.clip(xp.floor(s), 0, size - 2)
+    return cell.astype(xp.int64), s - cell
+
+
+def interpolate(
+    xp: ModuleType,
+    table: Any,
+    plane: Any,
+    k: Any,
+    capital: Any,
+    grids: Grids,
+    method: Method,
+    k_nodes: Any | None = None,
+) -> Any:
+    """Interpolate ``table[plane]`` at (k, K) for arrays plane, k, K of one shape (K may be a scalar).
+
+    ``k_nodes`` is the k grid as an array of the table's namespace (needed by ``bilinear``).
+    """
+    nk, nK = grids.k_size, grids.K_size
+    flat = table.reshape(-1)
+    base = plane * (nk * nK)
+    s_k = k_coordinate(xp, grids, k)
+    s_K = K_coordinate(xp, grids, capital)
+    i, f_k = cell_and_fraction(xp, s_k, nk)
+    j, f_K = cell_and_fraction(xp, s_K, nK)
+    if method == "bilinear":
+        if k_nodes is None:
+            k_nodes = xp.asarray(grids.k, dtype=table.dtype)
+        k_low, k_high = k_nodes[i], k_nodes[i + 1]
+        k_clamped = xp.clip(k, grids.k_min, grids.k_max)
+        w_k = (k_clamped - k_low) / (k_high - k_low)
+        row = base + i * nK + j
+        low = (1.0 - f_K) * flat[row] + f_K * flat[row + 1]
+        high = (1.0 - f_K) * flat[row + nK] + f_K * flat[row + nK + 1]
+        return (1.0 - w_k) * low + w_k * high
+    if method != "catmull_rom":
+        raise ValueError(f"interpolation must be 'bilinear' or 'catmull_rom', not {method!r}")
+    w_k = catmull_rom_weights(xp, f_k)
+    w_K = catmull_rom_weights(xp, f_K)
+    result = None
+    for di in range(4):
+        ii = xp.clip(i + (di - 1), 0, nk - 1)
+        row_base = base + ii * nK
+        filtered = None
+        for dj in range(4):
+            jj = xp.clip(j + (dj - 1), 0, nK - 1)
+            term = flat[row_base + jj] * w_K[dj]
+            filtered = term if filtered is None else filtered + term
+        term = filtered * w_k[di]
+        result = term if result is None else result + term
+    return result
+
+
+# CUDA twin of ``interpolate`` for one point; ``ks_real`` is typedef'd by the including source (double or
+# float). Same operation order as the array code above.
+INTERP_CUDA_SOURCE = r"""
+__device__ __forceinline__ void ks_catrom_weights(ks_real a, ks_real* w) {
+    w[0] = a * ((ks_real)-0.5 + a * ((ks_real)1.0 - (ks_real)0.5 * a));
+    w[1] = (ks_real)1.0 + a * a * ((ks_real)-2.5 + (ks_real)1.5 * a);
+    w[2] = a * ((ks_real)0.5 + a * ((ks_real)2.0 - (ks_real)1.5 * a));
+    w[3] = a * a * ((ks_real)-0.5 + (ks_real)0.5 * a);
+}
+
+__device__ __forceinline__ ks_real ks_clip(ks_real x, ks_real lo, ks_real hi) {
+    return x < lo ? lo : (x > hi ? hi : x);
+}
+
+__device__ __forceinline__ int ks_cell(ks_real s, int size, ks_real* frac) {
+    ks_real c = floor(s);
+    c = c < (ks_real)0 ? (ks_real)0 : (c > (ks_real)(size - 2) ? (ks_real)(size - 2) : c);
+    *frac = s - c;
+    return (int)c;
+}
+
+struct ks_grid_params {
+    int nk, nK;
+    ks_real k_min, k_max, inv_power, K_min, K_max;
+};
+
+__device__ __forceinline__ ks_real ks_k_coordinate(const ks_grid_params& g, ks_real k) {
+    ks_real unit = ks_clip((k - g.k_min) / (g.k_max - g.k_min), (ks_real)0, (ks_real)1);
+    return pow(unit, g.inv_power) * (ks_real)(g.nk - 1);
+}
+
+__device__ __forceinline__ ks_real ks_K_coordinate(const ks_grid_params& g, ks_real K) {
+    ks_real unit = ks_clip((K - g.K_min) / (g.K_max - g.K_min), (ks_real)0, (ks_real)1);
+    return unit * (ks_real)(g.nK - 1);
+}
+
+// method 0: bilinear (linear in physical k, K); method 1: Catmull-Rom in grid coordinates.
+__device__ __forceinline__ ks_real ks_interpolate(
+        const ks_real* __restrict__ table, const ks_real* __restrict__ k_nodes, int plane,
+        ks_real k, ks_real K, const ks_grid_params& g, int method) {
+    const int nk = g.nk, nK = g.nK;
+    const long long base = (long long)plane * nk * nK;
+    ks_real f_k, f_K;
+    int i = ks_cell(ks_k_coordinate(g, k), nk, &f_k);
+    int j = ks_cell(ks_K_coordinate(g, K), nK, &f_K);
+    if (method == 0) {
+        ks_real k_low = k_nodes[i], k_high = k_nodes[i + 1];
+        ks_real w_k = (ks_clip(k, g.k_min, g.k_max) - k_low) / (k_high - k_low);
+        long long row = base + (long long)i * nK + j;
+        ks_real low = ((ks_real)1.0 - f_K) * table[row] + f_K * table[row + 1];
+        ks_real high = ((ks_real)1.0 - f_K) * table[row + nK] + f_K * table[row + nK + 1];
+        return ((ks_real)1.0 - w_k) * low + w_k * high;
+    }
+    ks_real w_k[4], w_K[4];
+    ks_catrom_weights(f_k, w_k);
+    ks_catrom_weights(f_K, w_K);
+    ks_real result = (ks_real)0;
+    #pragma unroll
+    for (int di = 0; di < 4; ++di) {
+        int ii = min(max(i + di - 1, 0), nk - 1);
+        long long row_base = base + (long long)ii * nK;
+        ks_real filtered = (ks_real)0;
+        #pragma unroll
+        for (int dj = 0; dj < 4; ++dj) {
+            int jj = min(max(j + dj - 1, 0), nK - 1);
+            filtered += table[row_base + jj] * w_K[dj];
+        }
+        result += filtered * w_k[di];
+    }
+    return result;
+}
+"""

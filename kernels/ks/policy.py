@@ -1,0 +1,294 @@
+"""Individual policy k' = g(k, K, a, eps) by Euler-equation (time) iteration, Maliar, Maliar & Valli (2010).
+
+Given the aggregate law of motion ln K' = b0_a + b1_a ln K, every grid point (a, eps, k_i, K_j) is updated
+at once (arrays on ``xp``):
+
+    K'   = clip(exp(b0_a + b1_a ln K_j), K_min, K_max)
+    k''  = g(k', K', a', eps')                       (interpolated, for the four (a', eps'))
+    c'   = (r(K', a') + 1 - delta) k' + y(a', eps') w(K', a') - k''   (floored at 1e-10 as in MMV)
+    c    = (beta sum pi[(a, eps), (a', eps')] (1 - delta + r') c'^-gamma)^(-1/gamma)
+    k'n  = clip(wealth(k_i, K_j, a, eps) - c, k_min, k_max)    (the clip is the borrowing constraint)
+    g   <- damping k'n + (1 - damping) g             until max |k'n - g| <= tolerance.
+
+The GPU runs one fused CUDA kernel per iteration (``EULER_CUDA_SOURCE``); its NumPy twin is
+:func:`euler_update`, written against ``xp``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from kernels.backend import is_gpu
+from kernels.ks.grids import Grids
+from kernels.ks.interp import INTERP_CUDA_SOURCE, Method, interpolate
+from kernels.ks.model import Calibration, interest_rate, labour_income_factor, wage, wealth
+
+CONSUMPTION_FLOOR = 1e-10  # MMV: a non-positive future consumption is replaced by this
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    tolerance: float = 1e-8
+    damping: float = 0.7
+    max_iterations: int = 20_000
+
+
+def next_aggregate_capital(cal: Calibration, grids: Grids, alm: np.ndarray, capital: np.ndarray) -> np.ndarray:
+    """K'[a, ...] = clip(exp(b0_a + b1_a ln K), K_min, K_max); ALM = [b0_bad, b1_bad, b0_good, b1_good]."""
+    coef = np.asarray(alm, dtype=np.float64).reshape(2, 2)
+    log_k = np.log(np.asarray(capital, dtype=np.float64))
+    out = np.exp(coef[:, 0].reshape((2,) + (1,) * log_k.ndim) + coef[:, 1].reshape((2,) + (1,) * log_k.ndim) * log_k)
+    return np.clip(out, grids.K_min, grids.K_max)
+
+
+class EulerProblem:
+    """Arrays of one policy problem that do not change while the policy iterates (on ``xp``)."""
+
+    def __init__(self, xp: ModuleType, cal: Calibration, grids: Grids, method: Method) -> None:
+        self.xp, self.cal, self.grids, self.method = xp, cal, grids, method
+        k = grids.k
+        capital = grids.K
+        self.k_nodes = xp.asarray(k)
+        wealth_now = np.empty((2, 2, grids.k_size, grids.K_size))
+        for a in range(2):
+            for eps in range(2):
+                wealth_now[a, eps] = wealth(np, cal, k[:, None], capital[None, :], a, eps)
+        self.wealth_now = xp.asarray(wealth_now)
+        # prob[a', eps'] has shape (2, 2, 1, 1) over the current (a, eps)
+        p = cal.transition_matrix.reshape(2, 2, 2, 2)
+        self.prob = [[xp.asarray(p[:, :, a_next, e_next].reshape(2, 2, 1, 1).copy()) for e_next in range(2)]
+                     for a_next in range(2)]
+
+    def next_prices(self, alm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """K'[a, j], r'[a, a', j], w'[a, a', j] on the host (tiny)."""
+        k_next = next_aggregate_capital(self.cal, self.grids, alm, self.grids.K)
+        r_next = np.stack([interest_rate(np, self.cal, k_next, a_next) for a_next in range(2)], axis=1)
+        w_next = np.stack([wage(np, self.cal, k_next, a_next) for a_next in range(2)], axis=1)
+        return k_next, r_next, w_next
+
+
+def euler_consumption(
+    xp: ModuleType,
+    problem: EulerProblem,
+    table: Any,
+    k_next: Any,
+    capital_next: Any,
+    r_next: Any,
+    w_next: Any,
+) -> Any:
+    """Consumption implied by the Euler equation at the choice k' (shape (2, 2, ...) over (a, eps)).
+
+    ``capital_next`` broadcasts against k' over (a, ...); ``r_next``/``w_next`` are indexed [a'] first and
+    broadcast likewise. ``table`` is the policy (4, k_size, K_size) used for k''.
+    """
+    cal = problem.cal
+    one_minus_delta = 1.0 - cal.delta
+    expectation = None
+    for a_next in range(2):
+        for e_next in range(2):
+            k_next2 = interpolate(
+                xp, table, 2 * a_next + e_next, k_next, capital_next, problem.grids, problem.method,
+                problem.k_nodes,
+            )
+            income = (r_next[a_next] + one_minus_delta) * k_next + labour_income_factor(cal, a_next, e_next) * w_next[
+                a_next
+            ]
+            c_next = income - k_next2
+            c_next = xp.where(c_next > 0.0, c_next, CONSUMPTION_FLOOR)
+            term = problem.prob[a_next][e_next] * ((one_minus_delta + r_next[a_next]) * c_next ** (-cal.gamma))
+            expectation = term if expectation is None else expectation + term
+    return (cal.beta * expectation) ** (-1.0 / cal.gamma)
+
+
+def euler_update(xp: ModuleType, problem: EulerProblem, policy: Any, prices: tuple[Any, Any, Any],
+                 damping: float) -> tuple[Any, float]:
+    """One damped time-iteration step on the whole grid: (new policy, max |k'n - g|)."""
+    grids = problem.grids
+    capital_next, r_next, w_next = prices
+    table = policy.reshape(4, grids.k_size, grids.K_size)
+    consumption = euler_consumption(xp, problem, table, policy, capital_next, r_next, w_next)
+    k_new = xp.clip(problem.wealth_now - consumption, grids.k_min, grids.k_max)
+    diff = float(xp.max(xp.abs(k_new - policy)))
+    return damping * k_new + (1.0 - damping) * policy, diff
+
+
+def device_prices(xp: ModuleType, problem: EulerProblem, alm: np.ndarray) -> tuple[Any, Any, Any]:
+    """K', r', w' shaped for broadcasting over (a, eps, k, K): K' (2,1,1,nK); r', w' [a'] -> (2,1,1,nK)."""
+    k_next, r_next, w_next = problem.next_prices(alm)
+    nK = problem.grids.K_size
+    capital = xp.asarray(k_next.reshape(2, 1, 1, nK))
+    rates = [xp.asarray(r_next[:, a_next].reshape(2, 1, 1, nK).copy()) for a_next in range(2)]
+    wages = [xp.asarray(w_next[:, a_next].reshape(2, 1, 1, nK).copy()) for a_next in range(2)]
+    return capital, rates, wages
+
+
+@dataclass
+class PolicySolution:
+    policy: Any  # (2, 2, k_size, K_size) on xp
+    iterations: int
+    max_change: float
+    converged: bool
+
+
+def initial_policy(xp: ModuleType, grids: Grids) -> Any:
+    """MMV's starting guess k' = 0.9 k everywhere."""
+    return xp.asarray(np.broadcast_to(0.9 * grids.k[None, None, :, None], (2, 2, grids.k_size, grids.K_size)).copy())
+
+
+def solve_policy(
+    xp: ModuleType,
+    problem: EulerProblem,
+    alm: np.ndarray,
+    policy: Any,
+    settings: PolicySettings,
+    use_kernel: bool | None = None,
+    checkpoint: Callable[[int], None] | None = None,
+    checkpoint_every: int = 250,
+) -> PolicySolution:
+    """Iterate the Euler equation to its fixed point for the ALM ``alm`` from the guess ``policy``.
+
+    On a GPU the fused CUDA kernel runs each step (``use_kernel=False`` forces the array code).
+    ``checkpoint(iteration)`` is called every ``checkpoint_every`` iterations (progress, cancellation).
+    """
+    if use_kernel is None:
+        use_kernel = is_gpu(xp)
+    if use_kernel:
+        return _solve_policy_cuda(xp, problem, alm, policy, settings, checkpoint, checkpoint_every)
+    prices = device_prices(xp, problem, alm)
+    diff = float("inf")
+    for iteration in range(1, settings.max_iterations + 1):
+        policy, diff = euler_update(xp, problem, policy, prices, settings.damping)
+        if diff <= settings.tolerance:
+            return PolicySolution(policy, iteration, diff, True)
+        if checkpoint is not None and iteration % checkpoint_every == 0:
+            checkpoint(iteration)
+    return PolicySolution(policy, settings.max_iterations, diff, False)
+
+
+def euler_residuals(xp: ModuleType, problem: EulerProblem, policy: Any, alm: np.ndarray, k_points: Any) -> Any:
+    """Unit-free Euler residuals 1 - c_Euler / c at points (a, eps, k, K_j) off the k grid.
+
+    Shape (2, 2, len(k_points), K_size); NaN where the borrowing constraint binds (the Euler consumption
+    would need k' < k_min, or g = k_min), where the Euler equation holds as an inequality.
+    """
+    grids = problem.grids
+    table = policy.reshape(4, grids.k_size, grids.K_size)
+    k = xp.asarray(k_points).reshape(1, 1, -1, 1)
+    capital = xp.asarray(grids.K).reshape(1, 1, 1, -1)
+    shape = (2, 2, k.shape[2], grids.K_size)
+    plane = xp.arange(4).reshape(2, 2, 1, 1)
+    choice = interpolate(xp, table, plane, xp.broadcast_to(k, shape), xp.broadcast_to(capital, shape), grids,
+                         problem.method, problem.k_nodes)
+    choice = xp.clip(choice, grids.k_min, grids.k_max)
+    cash = xp.empty(shape)
+    for a in range(2):
+        for eps in range(2):
+            cash[a, eps] = wealth(xp, problem.cal, k[0, 0], capital[0, 0], a, eps)
+    capital_next, r_next, w_next = device_prices(xp, problem, alm)
+    c_euler = euler_consumption(xp, problem, table, choice, capital_next, r_next, w_next)
+    residual = 1.0 - c_euler / (cash - choice)
+    binding = (cash - c_euler <= grids.k_min) | (choice <= grids.k_min)
+    return xp.where(binding, xp.nan, residual)
+
+
+EULER_CUDA_SOURCE = (
+    "typedef double ks_real;\n"
+    + INTERP_CUDA_SOURCE
+    + r"""
+// One damped Euler step at every grid point; thread index = ((a * 2 + eps) * nk + i) * nK + j.
+extern "C" __global__ void ks_euler_step(
+        const double* __restrict__ policy, double* __restrict__ policy_out, double* __restrict__ change,
+        const double* __restrict__ k_nodes, const double* __restrict__ wealth_now,
+        const double* __restrict__ capital_next,   // [a][j]
+        const double* __restrict__ r_next,         // [a][a'][j]
+        const double* __restrict__ w_next,         // [a][a'][j]
+        const double* __restrict__ prob,           // 4 x 4 joint transition, row (a, eps)
+        const double* __restrict__ income_factor,  // [a'][eps']
+        int nk, int nK, double k_min, double k_max, double inv_power, double K_min, double K_max,
+        int method, double one_minus_delta, double beta, double gamma, double damping, double floor_c) {
+    const ks_grid_params g = {nk, nK, k_min, k_max, inv_power, K_min, K_max};
+    const int total = 4 * nk * nK;
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= total) return;
+    int j = idx % nK;
+    int ae = idx / (nk * nK);
+    int a = ae / 2;
+    double kp = policy[idx];
+    double Kn = capital_next[a * nK + j];
+    double expectation = 0.0;
+    for (int a_next = 0; a_next < 2; ++a_next) {
+        double r = r_next[(a * 2 + a_next) * nK + j];
+        double w = w_next[(a * 2 + a_next) * nK + j];
+        for (int e_next = 0; e_next < 2; ++e_next) {
+            double k2 = ks_interpolate(policy, k_nodes, 2 * a_next + e_next, kp, Kn, g, method);
+            double income = (r + one_minus_delta) * kp + income_factor[2 * a_next + e_next] * w;
+            double c = income - k2;
+            c = c > 0.0 ? c : floor_c;
+            expectation += prob[ae * 4 + 2 * a_next + e_next] * ((one_minus_delta + r) * pow(c, -gamma));
+        }
+    }
+    double consumption = pow(beta * expectation, -1.0 / gamma);
+    double k_new = ks_clip(wealth_now[idx] - consumption, g.k_min, g.k_max);
+    change[idx] = fabs(k_new - kp);
+    policy_out[idx] = damping * k_new + (1.0 - damping) * kp;
+}
+"""
+)
+
+
+@functools.cache
+def _euler_kernel() -> Any:
+    import cupy
+
+    return cupy.RawModule(code=EULER_CUDA_SOURCE, options=("--std=c++14",)).get_function("ks_euler_step")
+
+
+def grid_args(grids: Grids, dtype: Any = np.float64) -> tuple[Any, ...]:
+    """The grid's scalars in the order of the kernels' (nk, nK, k_min, k_max, inv_power, K_min, K_max)."""
+    real = np.dtype(dtype).type
+    return (np.int32(grids.k_size), np.int32(grids.K_size), real(grids.k_min), real(grids.k_max),
+            real(1.0 / grids.spacing_power), real(grids.K_min), real(grids.K_max))
+
+
+def method_code(method: Method) -> int:
+    return 0 if method == "bilinear" else 1
+
+
+def _solve_policy_cuda(xp: ModuleType, problem: EulerProblem, alm: np.ndarray, policy: Any,
+                       settings: PolicySettings, checkpoint: Callable[[int], None] | None,
+                       checkpoint_every: int) -> PolicySolution:
+    cal, grids = problem.cal, problem.grids
+    k_next, r_next, w_next = problem.next_prices(alm)
+    capital_next = xp.asarray(np.ascontiguousarray(k_next))
+    rates = xp.asarray(np.ascontiguousarray(r_next))
+    wages = xp.asarray(np.ascontiguousarray(w_next))
+    prob = xp.asarray(cal.transition_matrix)
+    factors = xp.asarray(np.array([labour_income_factor(cal, a, e) for a in range(2) for e in range(2)]))
+    current = xp.ascontiguousarray(policy, dtype=xp.float64)
+    scratch = xp.empty_like(current)
+    change = xp.empty_like(current)
+    total = current.size
+    threads = 128
+    blocks = (total + threads - 1) // threads
+    kernel = _euler_kernel()
+    grid = grid_args(grids)
+    diff = float("inf")
+    for iteration in range(1, settings.max_iterations + 1):
+        kernel((blocks,), (threads,), (current, scratch, change, problem.k_nodes, problem.wealth_now,
+                                       capital_next, rates, wages, prob, factors, *grid,
+                                       np.int32(method_code(problem.method)), np.float64(1.0 - cal.delta),
+                                       np.float64(cal.beta), np.float64(cal.gamma), np.float64(settings.damping),
+                                       np.float64(CONSUMPTION_FLOOR)))
+        current, scratch = scratch, current
+        diff = float(change.max())
+        if diff <= settings.tolerance:
+            return PolicySolution(current, iteration, diff, True)
+        if checkpoint is not None and iteration % checkpoint_every == 0:
+            checkpoint(iteration)
+    return PolicySolution(current, settings.max_iterations, diff, False)

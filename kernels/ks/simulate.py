@@ -1,0 +1,219 @@
+"""Panel simulation: N agents for T periods under the policy k' = g(k, K, a, eps).
+
+Per period t: K_t = clip(mean k_t, K_min, K_max); every agent moves to k_{t+1} = clip(g(k_t, K_t, a_t, eps_t))
+and draws eps_{t+1} from the employment transition conditional on (a_t, a_{t+1}, eps_t). The uniform for
+agent i in period t is Philox (seed, stream, t N + i) from :mod:`kernels.rng`, so no N x T shock matrix is
+ever stored and the GPU kernel draws in registers exactly the numbers of the array code.
+
+On the GPU one CUDA kernel per period (``PANEL_CUDA_SOURCE``) moves every agent, draws its shock and
+reduces the new capital deterministically (per-block partial sums, then the last block to finish sums
+them in a fixed order and writes K_{t+1} to device memory). The host only enqueues kernels: no copy and no
+synchronisation inside the period loop, and the panel stays on the device across outer iterations.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from kernels import rng
+from kernels.backend import is_gpu
+from kernels.ks.grids import Grids
+from kernels.ks.interp import INTERP_CUDA_SOURCE, Method, interpolate
+from kernels.ks.model import Calibration, aggregate_transition, conditional_employment
+from kernels.ks.policy import grid_args, method_code
+
+# Philox streams (the key is the job's seed): one per independent family of draws.
+STREAM_AGGREGATE = 1
+STREAM_IDIOSYNCRATIC = 2
+STREAM_INITIAL_EMPLOYMENT = 3
+STREAM_TEST_AGGREGATE = 11  # the fresh path of the Den Haan accuracy test
+STREAM_TEST_IDIOSYNCRATIC = 12
+
+_THREADS = 256
+_MAX_BLOCKS = 1024  # fixed, so the reduction order (and every bit of K) does not depend on the device
+
+
+def aggregate_path(cal: Calibration, seed: int, periods: int, stream: int = STREAM_AGGREGATE,
+                   first_state: int = 0) -> np.ndarray:
+    """a_0 .. a_{periods-1} (0 bad, 1 good); a_0 = ``first_state`` (MMV start in the bad state)."""
+    transition = aggregate_transition(cal)
+    draws = rng.uniform(np, seed, stream, np.arange(max(periods - 1, 0), dtype=np.uint64))
+    path = np.empty(periods, dtype=np.int8)
+    path[0] = first_state
+    for t in range(1, periods):
+        path[t] = 0 if draws[t - 1] < transition[path[t - 1], 0] else 1
+    return path
+
+
+def initial_employment(xp: ModuleType, cal: Calibration, seed: int, n_agents: int, first_state: int) -> Any:
+    """eps_0: unemployed with probability u_{a_0} (uint8, 1 = employed)."""
+    u = rng.uniform(xp, seed, STREAM_INITIAL_EMPLOYMENT, xp.arange(n_agents, dtype=xp.uint64))
+    return (u >= cal.unemployment[first_state]).astype(xp.uint8)
+
+
+@dataclass
+class PanelResult:
+    capital_path: np.ndarray  # K_0 .. K_{T-1} (clamped means), host float64
+    k: Any  # k_T on xp
+    employed: Any  # eps_T on xp
+
+
+Checkpoint = Callable[[int], None]
+
+
+def simulate_panel(
+    xp: ModuleType,
+    cal: Calibration,
+    grids: Grids,
+    method: Method,
+    policy: Any,
+    k0: Any,
+    employed0: Any,
+    a_path: np.ndarray,
+    seed: int,
+    stream: int = STREAM_IDIOSYNCRATIC,
+    checkpoint: Checkpoint | None = None,
+    checkpoint_every: int = 100,
+    use_kernel: bool | None = None,
+) -> PanelResult:
+    """Simulate len(a_path) - 1 periods from (k0, employed0); returns K_0..K_{T-1} and the final panel.
+
+    ``a_path`` holds a_0 .. a_T (T + 1 states: the last one only drives eps_T). ``k0`` fixes the precision
+    (float64 or float32; means are accumulated in float64). Inputs are not modified.
+    """
+    if use_kernel is None:
+        use_kernel = is_gpu(xp)
+    if use_kernel:
+        return _simulate_cuda(xp, cal, grids, method, policy, k0, employed0, a_path, seed, stream, checkpoint,
+                              checkpoint_every)
+    periods = len(a_path) - 1
+    dtype = k0.dtype
+    table = xp.asarray(policy, dtype=dtype).reshape(4, grids.k_size, grids.K_size)
+    k_nodes = xp.asarray(grids.k, dtype=dtype)
+    emp_prob = conditional_employment(cal)
+    n = k0.shape[0]
+    agents = xp.arange(n, dtype=xp.uint64)
+    k, employed = k0, employed0
+    path = np.empty(periods)
+    capital = float(np.clip(float(xp.mean(k, dtype=xp.float64)), grids.K_min, grids.K_max))
+    for t in range(periods):
+        path[t] = capital
+        a_now, a_next = int(a_path[t]), int(a_path[t + 1])
+        plane = 2 * a_now + employed.astype(xp.int64)
+        k = xp.clip(interpolate(xp, table, plane, k, dtype.type(capital), grids, method, k_nodes),
+                    grids.k_min, grids.k_max).astype(dtype, copy=False)
+        u = rng.uniform(xp, seed, stream, agents + np.uint64(t * n))
+        p_emp = xp.where(employed == 1, emp_prob[a_now, a_next, 1], emp_prob[a_now, a_next, 0])
+        employed = (u < p_emp).astype(xp.uint8)
+        capital = float(np.clip(float(xp.mean(k, dtype=xp.float64)), grids.K_min, grids.K_max))
+        if checkpoint is not None and (t + 1) % checkpoint_every == 0:
+            checkpoint(t + 1)
+    return PanelResult(path, k, employed)
+
+
+PANEL_CUDA_TEMPLATE = r"""
+// One period for every agent: interpolate the policy, draw the next employment state, and reduce the new
+// capital to K_{t+1} (clamped mean) with a deterministic two-level sum.
+extern "C" __global__ void ks_panel_step(
+        const ks_real* __restrict__ table, const ks_real* __restrict__ k_nodes,
+        ks_real* __restrict__ k, unsigned char* __restrict__ employed,
+        double* __restrict__ capital_path, double* __restrict__ partial, unsigned int* __restrict__ ticket,
+        long long n, int t, int a_now, double p_emp_unemployed, double p_emp_employed,
+        unsigned long long seed, unsigned long long stream,
+        int nk, int nK, ks_real k_min, ks_real k_max, ks_real inv_power, ks_real K_min, ks_real K_max,
+        int method) {
+    const ks_grid_params g = {nk, nK, k_min, k_max, inv_power, K_min, K_max};
+    __shared__ double sums[THREADS];
+    __shared__ bool last_block;
+    const ks_real capital = (ks_real)capital_path[t];
+    const unsigned long long offset = (unsigned long long)t * (unsigned long long)n;
+    double local = 0.0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const unsigned char e = employed[i];
+        ks_real next = ks_interpolate(table, k_nodes, 2 * a_now + e, k[i], capital, g, method);
+        next = ks_clip(next, k_min, k_max);
+        k[i] = next;
+        const double u = gpuest_uniform(seed, stream, offset + (unsigned long long)i);
+        employed[i] = u < (e ? p_emp_employed : p_emp_unemployed) ? 1 : 0;
+        local += (double)next;
+    }
+    sums[threadIdx.x] = local;
+    __syncthreads();
+    for (int width = THREADS / 2; width > 0; width >>= 1) {
+        if (threadIdx.x < width) sums[threadIdx.x] += sums[threadIdx.x + width];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        partial[blockIdx.x] = sums[0];
+        __threadfence();
+        // atomicInc wraps to 0 after gridDim.x - 1: the counter is reset for the next period
+        last_block = atomicInc(ticket, gridDim.x - 1) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last_block) return;
+    double s = 0.0;
+    for (int b = threadIdx.x; b < gridDim.x; b += THREADS) s += ((volatile double*)partial)[b];
+    sums[threadIdx.x] = s;
+    __syncthreads();
+    for (int width = THREADS / 2; width > 0; width >>= 1) {
+        if (threadIdx.x < width) sums[threadIdx.x] += sums[threadIdx.x + width];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        double mean = sums[0] / (double)n;
+        capital_path[t + 1] = mean < (double)K_min ? (double)K_min : (mean > (double)K_max ? (double)K_max : mean);
+    }
+}
+"""
+
+
+def panel_cuda_source(real: str) -> str:
+    from kernels.rng import PHILOX_CUDA_SOURCE
+
+    return (f"typedef {real} ks_real;\n#define THREADS {_THREADS}\n" + PHILOX_CUDA_SOURCE + INTERP_CUDA_SOURCE
+            + PANEL_CUDA_TEMPLATE)
+
+
+@functools.cache
+def _panel_kernel(real: str) -> Any:
+    import cupy
+
+    return cupy.RawModule(code=panel_cuda_source(real), options=("--std=c++14",)).get_function("ks_panel_step")
+
+
+def _simulate_cuda(xp: ModuleType, cal: Calibration, grids: Grids, method: Method, policy: Any, k0: Any,
+                   employed0: Any, a_path: np.ndarray, seed: int, stream: int, checkpoint: Checkpoint | None,
+                   checkpoint_every: int) -> PanelResult:
+    periods = len(a_path) - 1
+    dtype = np.dtype(k0.dtype)
+    real = "double" if dtype == np.float64 else "float"
+    kernel = _panel_kernel(real)
+    table = xp.ascontiguousarray(xp.asarray(policy, dtype=dtype).reshape(4, grids.k_size, grids.K_size))
+    k_nodes = xp.asarray(grids.k, dtype=dtype)
+    k = k0.copy()
+    employed = employed0.copy()
+    n = k.shape[0]
+    blocks = min((n + _THREADS - 1) // _THREADS, _MAX_BLOCKS)
+    partial = xp.zeros(blocks, dtype=xp.float64)
+    ticket = xp.zeros(1, dtype=xp.uint32)
+    capital_path = xp.empty(periods + 1, dtype=xp.float64)
+    capital_path[0] = xp.clip(xp.mean(k, dtype=xp.float64), grids.K_min, grids.K_max)
+    emp_prob = conditional_employment(cal)
+    grid = grid_args(grids, dtype)
+    code = np.int32(method_code(method))
+    for t in range(periods):
+        a_now, a_next = int(a_path[t]), int(a_path[t + 1])
+        kernel((blocks,), (_THREADS,), (
+            table, k_nodes, k, employed, capital_path, partial, ticket, np.int64(n), np.int32(t), np.int32(a_now),
+            np.float64(emp_prob[a_now, a_next, 0]), np.float64(emp_prob[a_now, a_next, 1]), np.uint64(seed),
+            np.uint64(stream), *grid, code))
+        if checkpoint is not None and (t + 1) % checkpoint_every == 0:
+            checkpoint(t + 1)
+    return PanelResult(xp.asnumpy(capital_path[:periods]), k, employed)

@@ -1,0 +1,119 @@
+"""The ``ks_solve`` job kind: parameter validation, the runner's result and artifacts (NumPy)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from pydantic import ValidationError
+
+from kernels.ks.spec import KSSolveParams, KSSolveResult
+from kernels.progress import JobCancelled, LocalProgress
+from kernels.registry import get_kind
+
+# a warm start near the converged ALM keeps the job test short (see test_ks_numerics.REFERENCE_ALM)
+WARM = [0.144219, 0.960361, 0.154786, 0.958879]
+SMALL = {"n_agents": 1_000, "periods": 200, "burn_in": 50, "tolerance": 1e-3, "max_iterations": 3,
+         "interpolation": "bilinear", "policy_tolerance": 1e-5, "initial_alm": WARM, "den_haan_periods": 100,
+         "seed": 5}
+
+
+def test_registered_with_example() -> None:
+    kind = get_kind("ks_solve")
+    assert kind.params_model is KSSolveParams
+    assert kind.dataset_fields == ("initial_distribution",)
+    KSSolveParams.model_validate(kind.example)
+
+
+def test_defaults_are_the_standard_ks_sim_settings() -> None:
+    p = KSSolveParams()
+    assert (p.n_agents, p.periods, p.burn_in) == (10_000, 1_100, 100)
+    assert (p.k_grid.size, p.k_grid.min, p.k_grid.max, p.k_grid.spacing_power) == (100, 0.0, 1000.0, 7.0)
+    assert (p.K_grid.size, p.K_grid.min, p.K_grid.max) == (4, 30.0, 50.0)
+    assert (p.tolerance, p.damping, p.policy_damping) == (1e-7, 0.3, 0.7)
+    assert p.calibration.transition[3] == [0.009115, 0.115885, 0.024306, 0.850694]
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"n_agents": 10}, "n_agents"),
+        ({"k_grid": {"size": 5000}}, "k_grid.size"),
+        ({"K_grid": {"size": 2}}, "K_grid.size"),
+        ({"interpolation": "spline"}, "interpolation"),
+        ({"precision": "float16"}, "precision"),
+        ({"periods": 100, "burn_in": 95}, "burn_in"),
+        ({"k_grid": {"min": 10.0, "max": 5.0}}, "k_grid"),
+        ({"calibration": {"beta": 1.2}}, "calibration.beta"),
+        ({"unknown": 1}, "unknown"),
+    ],
+)
+def test_invalid_parameters_name_the_field(payload: dict, field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        KSSolveParams.model_validate_json(json.dumps(payload))
+    text = str(info.value)
+    assert field.split(".")[0] in text
+
+
+def test_inconsistent_transition_matrix_is_refused() -> None:
+    rows = [list(r) for r in KSSolveParams().calibration.transition]
+    rows[3][3] = 0.859604  # the OCR error in the paper's Table B.1
+    with pytest.raises(ValidationError, match="sum to one"):
+        KSSolveParams.model_validate({"calibration": {"transition": rows}})
+    rows = [[0.4375, 0.4375, 0.0625, 0.0625]] * 4  # a valid Markov matrix, but 50% unemployment
+    with pytest.raises(ValidationError, match="reproduce"):
+        KSSolveParams.model_validate({"calibration": {"transition": rows}})
+    rows = [[0.5, 0.5, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.5, 0.5]]
+    with pytest.raises(ValidationError, match="positive probability"):
+        KSSolveParams.model_validate({"calibration": {"transition": rows}})
+
+
+def test_run_returns_every_result_name_and_artifacts() -> None:
+    kind = get_kind("ks_solve")
+    params = KSSolveParams.model_validate(SMALL)
+    progress = LocalProgress()
+    result = kind.run(params, {}, progress)
+    KSSolveResult.model_validate(result)
+    for state in ("bad", "good"):
+        assert set(result["alm"][state]) == {"intercept", "slope", "r2", "se", "n_obs"}
+        assert 0.9 < result["alm"][state]["slope"] < 1.0
+        assert result["alm"][state]["r2"] > 0.999
+        assert 0 < result["alm"][state]["se"] < 0.01
+    assert set(result["den_haan_error"]) == {"max_pct", "mean_pct", "periods"}
+    assert result["den_haan_error"]["periods"] == 100
+    assert 0 < result["den_haan_error"]["mean_pct"] <= result["den_haan_error"]["max_pct"] < 5
+    assert 1 <= result["iterations"] <= 3 and isinstance(result["converged"], bool)
+    assert len(result["policy_iterations"]) == result["iterations"]
+    assert 35.0 < result["mean_capital"] < 45.0
+    assert result["device"] == "cpu" or result["device"].startswith("NVIDIA")
+    assert {"policy", "panel", "regression", "den_haan_test", "total"} <= set(result["timings"])
+    assert set(progress.artifacts) == {"capital_path", "policy", "den_haan_path"}
+    assert progress.artifacts["capital_path"]["K"].shape == (200,)
+    assert progress.artifacts["policy"]["policy"].shape == (2, 2, 100, 4)
+    assert progress.reports[-1] == (1.0, "done")
+    json.dumps(result)
+
+
+def test_initial_distribution_dataset_and_its_errors() -> None:
+    kind = get_kind("ks_solve")
+    params = KSSolveParams.model_validate({**SMALL, "max_iterations": 1, "den_haan_periods": 0,
+                                           "initial_distribution": "ds-1"})
+    frame = pd.DataFrame({"k": np.linspace(20.0, 60.0, 500), "employed": np.tile([0, 1, 1, 1, 1], 100)})
+    progress = LocalProgress()
+    result = kind.run(params, {"initial_distribution": frame}, progress)
+    assert result["den_haan_error"] is None
+    # the panel starts at the dataset's mean (tiled to n_agents = 1000, the mean is kept)
+    assert progress.artifacts["capital_path"]["K"][0] == pytest.approx(40.0, rel=1e-12)
+    with pytest.raises(ValueError, match="column 'k'"):
+        kind.run(params, {"initial_distribution": frame.rename(columns={"k": "capital"})}, LocalProgress())
+    with pytest.raises(ValueError, match="employed"):
+        kind.run(params, {"initial_distribution": frame.assign(employed=2)}, LocalProgress())
+
+
+def test_cancellation_stops_the_run() -> None:
+    progress = LocalProgress()
+    progress.cancel()
+    with pytest.raises(JobCancelled):
+        get_kind("ks_solve").run(KSSolveParams.model_validate(SMALL), {}, progress)

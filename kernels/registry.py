@@ -19,6 +19,9 @@ Runner = Callable[[Any, Mapping[str, Any], Progress], dict[str, Any]]
 
 _KIND_MODULES: tuple[str, ...] = (
     "kernels.crve.jobs",
+    "kernels.dualcontrol.jobs",
+    "kernels.sccs.jobs",
+    "kernels.ks.jobs",
 )
 
 

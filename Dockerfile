@@ -1,0 +1,66 @@
+# syntax=docker/dockerfile:1
+# One Dockerfile, two images:
+#   docker build --target api        -t gpuest-api .         (FastAPI + the CLI; also runs the migrations)
+#   docker build --target worker-gpu -t gpuest-worker-gpu .  (Celery worker on the CUDA 13 runtime + CuPy)
+# docker-compose.yml builds both. Not built here (no Docker engine on the development machines).
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG CUDA_IMAGE=nvidia/cuda:13.0.1-runtime-ubuntu24.04
+
+# -- source: only the files the package needs, shared by both images ------------------------------
+FROM ${PYTHON_IMAGE} AS source
+WORKDIR /app
+COPY pyproject.toml README.md alembic.ini ./
+COPY api/ api/
+COPY cli/ cli/
+COPY kernels/ kernels/
+COPY migrations/ migrations/
+COPY store/ store/
+COPY worker/ worker/
+
+# -- base: the package installed on python-slim ---------------------------------------------------
+FROM ${PYTHON_IMAGE} AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    GPUEST_DATA_DIR=/data
+WORKDIR /app
+COPY --from=source /app /app
+# Editable, so the Alembic scripts in /app/migrations (not a Python package) are found beside the code.
+RUN pip install -e . \
+    && useradd --create-home --uid 10001 gpuest \
+    && mkdir -p /data && chown gpuest /data
+USER gpuest
+VOLUME ["/data"]
+
+# -- api: uvicorn on port 8000 --------------------------------------------------------------------
+FROM base AS api
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
+CMD ["uvicorn", "api.app:app", "--host", "0.0.0.0", "--port", "8000", "--no-access-log"]
+
+# -- worker-gpu: one Celery worker per GPU on the CUDA runtime, CuPy for CUDA 13 -------------------
+FROM ${CUDA_IMAGE} AS worker-gpu
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    GPUEST_DATA_DIR=/data \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/venv
+WORKDIR /app
+COPY --from=source /app /app
+RUN pip install -e '.[gpu]' \
+    && useradd --create-home --uid 10001 gpuest \
+    && mkdir -p /data && chown gpuest /data
+USER gpuest
+VOLUME ["/data"]
+CMD ["celery", "-A", "worker.celery_app:celery_app", "worker", "-Q", "gpu", "--pool", "solo", "--concurrency", "1", \
+     "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"]

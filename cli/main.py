@@ -1,0 +1,351 @@
+"""The ``gpuest`` command: submit and follow jobs, manage datasets, run the embedded stack, admin tasks."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+import yaml
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli.client import DEFAULT_URL, ApiError, GpuestClient, Job, page_items
+
+app = typer.Typer(help="gpuest: GPU estimation jobs as a web service.", no_args_is_help=True)
+jobs_app = typer.Typer(help="List jobs.", no_args_is_help=True)
+datasets_app = typer.Typer(help="Upload and list datasets.", no_args_is_help=True)
+keys_app = typer.Typer(help="Admin: API keys (writes to the configured database directly).", no_args_is_help=True)
+db_app = typer.Typer(help="Admin: the database schema.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(datasets_app, name="datasets")
+app.add_typer(keys_app, name="keys")
+app.add_typer(db_app, name="db")
+
+# Job stages, error messages and file names are data, never rich markup: only err's "[red]error:" is markup.
+out = Console(soft_wrap=True, markup=False)
+err = Console(stderr=True, soft_wrap=True)
+
+UrlOption = Annotated[str, typer.Option("--url", envvar="GPUEST_URL", help="Base URL of the gpuest API.")]
+KeyOption = Annotated[
+    str | None, typer.Option("--api-key", envvar="GPUEST_API_KEY", help="API key (sent as a Bearer token).")
+]
+
+
+@contextmanager
+def api_client(url: str, api_key: str | None) -> Iterator[GpuestClient]:
+    """A client whose API errors end the command with the problem's text and exit code 1."""
+    try:
+        with GpuestClient(url, api_key) as client:
+            yield client
+    except ApiError as error:
+        err.print(f"[red]error:[/red] {escape(error.describe())}", highlight=False)
+        raise typer.Exit(1) from None
+    except httpx.TransportError as error:
+        err.print(f"[red]error:[/red] cannot reach {escape(url)}: {escape(str(error))}", highlight=False)
+        raise typer.Exit(1) from None
+
+
+def print_json(value: Any) -> None:
+    out.print_json(json.dumps(value))
+
+
+def load_spec(path: Path) -> dict[str, Any]:
+    """A job spec file: the create body ``{kind, params}``, JSON for ``.json`` files, YAML otherwise."""
+    try:
+        text = path.read_text()
+        spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as error:
+        raise typer.BadParameter(f"cannot read {path}: {error}") from error
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise typer.BadParameter(f"{path} must hold an object with 'kind' and 'params'")
+    return spec
+
+
+def job_line(job: Job) -> str:
+    progress = job.get("progress") or 0.0
+    text = f"{job.get('id')}  {job.get('kind')}  {job.get('status')}  {progress:.0%}"
+    if job.get("stage"):
+        text += f"  {job.get('stage')}"
+    if job.get("device"):
+        text += f"  device={job.get('device')}"
+    return text
+
+
+def follow(client: GpuestClient, job: Job, poll_interval: float) -> Job:
+    """Wait for a job with a progress bar; returns the terminal job object."""
+    with Progress(
+        TextColumn("[bold]{task.fields[status]}[/bold]"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[stage]}", markup=False),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("job", total=1.0, status=job.get("status", ""), stage="")
+
+        def on_progress(current: Job) -> None:
+            bar.update(
+                task,
+                completed=float(current.get("progress") or 0.0),
+                status=current.get("status", ""),
+                stage=current.get("stage") or "",
+            )
+
+        return client.wait(job["id"], on_progress, poll_interval=poll_interval)
+
+
+def report_final(job: Job) -> None:
+    status = job.get("status")
+    if status == "succeeded":
+        out.print(f"job {job['id']} succeeded on {job.get('device') or '?'}")
+        return
+    error = job.get("error") or {}
+    message = f": {error.get('type')}: {error.get('message')}" if error else ""
+    out.print(f"job {job['id']} {status}{message}", highlight=False)
+    raise typer.Exit(2 if status == "failed" else 3)
+
+
+@app.command()
+def submit(
+    spec_file: Annotated[Path, typer.Argument(help="JSON or YAML file with the create body {kind, params}.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the job with a progress bar until it ends.")] = False,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Idempotency-Key header (default: a fresh UUID, safe to retry)")
+    ] = None,
+    poll_interval: Annotated[float, typer.Option(help="Seconds between polls with --wait.")] = 0.5,
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """Submit a job; prints its id. With --wait, follows it and exits 0 if it succeeded, 2 failed, 3 cancelled."""
+    spec = load_spec(spec_file)
+    with api_client(url, api_key) as client:
+        job = client.submit(spec["kind"], spec.get("params") or {}, idempotency_key or str(uuid.uuid4()))
+        out.print(job["id"], highlight=False)
+        if wait:
+            report_final(follow(client, job, poll_interval))
+
+
+@app.command()
+def status(job_id: str, url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
+    """Show a job object (status, progress, stage, device, timings, error)."""
+    with api_client(url, api_key) as client:
+        print_json(client.get_job(job_id))
+
+
+@app.command()
+def result(
+    job_id: str,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write the result JSON here.")] = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """Fetch a finished job's result JSON (to stdout, or to -o FILE)."""
+    with api_client(url, api_key) as client:
+        value = client.result(job_id)
+    if output is None:
+        print_json(value)
+    else:
+        output.write_text(json.dumps(value, indent=2) + "\n")
+        err.print(f"wrote {output}", markup=False)
+
+
+@app.command()
+def cancel(job_id: str, url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
+    """Cancel a job: a queued one never runs; a running one stops at its next checkpoint."""
+    with api_client(url, api_key) as client:
+        out.print(job_line(client.cancel(job_id)), highlight=False)
+
+
+@app.command()
+def artifact(
+    job_id: str,
+    name: str,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Destination (default: NAME).")] = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """Download one artifact of a job."""
+    with api_client(url, api_key) as client:
+        path = client.download_artifact(job_id, name, output or Path(name))
+    err.print(f"wrote {path}", markup=False)
+
+
+@jobs_app.command("list")
+def jobs_list(
+    kind: Annotated[str | None, typer.Option(help="Only this job kind.")] = None,
+    status: Annotated[str | None, typer.Option(help="Only this status.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the API's list object.")] = False,
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """List your jobs, newest first."""
+    with api_client(url, api_key) as client:
+        page = client.list_jobs(kind=kind, status=status, limit=limit, offset=offset)
+    if as_json:
+        print_json(page)
+        return
+    table = Table("id", "kind", "status", "progress", "device", "created", box=box.SIMPLE)
+    table.columns[0].no_wrap = True  # ids are what users copy: never truncated or folded
+    for job in page_items(page):
+        table.add_row(
+            job.get("id"), job.get("kind"), job.get("status"), f"{job.get('progress') or 0:.0%}",
+            job.get("device") or "", _short_time(job.get("created_at")),
+        )
+    print_table(table)
+    out.print(f"{len(page_items(page))} of {page.get('total')} jobs", highlight=False)
+
+
+def print_table(table: Table) -> None:
+    # Piped output gets rich's 80 columns; a row of ids and kinds needs more to stay unabbreviated.
+    Console(file=out.file, width=max(out.width, 120), markup=False).print(table)
+
+
+def _short_time(value: str | None) -> str:
+    return (value or "")[:19].replace("T", " ")
+
+
+@datasets_app.command("upload")
+def datasets_upload(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="A .csv or .parquet")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole dataset object.")] = False,
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """Upload a dataset; prints its id (use it in a job's params)."""
+    with api_client(url, api_key) as client:
+        dataset = client.upload_dataset(file)
+    if as_json:
+        print_json(dataset)
+    else:
+        out.print(dataset["id"], highlight=False)
+
+
+@datasets_app.command("list")
+def datasets_list(
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the API's list object.")] = False,
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """List your datasets."""
+    with api_client(url, api_key) as client:
+        page = client.list_datasets(limit=limit, offset=offset)
+    if as_json:
+        print_json(page)
+        return
+    table = Table("id", "name", "rows", "columns", "created", box=box.SIMPLE)
+    table.columns[0].no_wrap = True
+    for dataset in page_items(page):
+        columns = ", ".join(f"{c.get('name')}:{c.get('dtype')}" for c in dataset.get("columns") or [])
+        table.add_row(
+            dataset.get("id"), dataset.get("name"), str(dataset.get("n_rows")), columns,
+            _short_time(dataset.get("created_at")),
+        )
+    print_table(table)
+    out.print(f"{len(page_items(page))} of {page.get('total')} datasets", highlight=False)
+
+
+@datasets_app.command("delete")
+def datasets_delete(dataset_id: str, url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
+    """Delete a dataset and its stored file."""
+    with api_client(url, api_key) as client:
+        client.delete_dataset(dataset_id)
+    err.print(f"deleted {dataset_id}", markup=False)
+
+
+@app.command()
+def kinds(
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the README's job-kinds table.")] = False,
+) -> None:
+    """List the job kinds this installation can run (from the job registry), with their parameter models."""
+    from cli.kinds import kind_rows, markdown_table
+
+    if markdown:
+        out.print(markdown_table(), highlight=False, markup=False)
+        return
+    table = Table("kind", "parameters", "dataset fields", "summary", box=box.SIMPLE)
+    table.columns[0].no_wrap = table.columns[1].no_wrap = True
+    for row in kind_rows():
+        table.add_row(row.name, row.params_path, ", ".join(row.dataset_fields), row.summary)
+    print_table(table)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface for the API.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port for the API.")] = 8000,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Data directory (default: GPUEST_DATA_DIR or ./var).")
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, max=64, help="uvicorn server processes for the API.")] = 1,
+) -> None:
+    """Run the embedded stack: migrations, the API and a real Celery worker; Ctrl-C stops both."""
+    from cli.serve import StackStartError, serve_forever
+    from store.settings import get_settings
+
+    try:
+        serve_forever(
+            host,
+            port,
+            data_dir or get_settings().data_dir,
+            say=lambda line: err.print(line, highlight=False, markup=False),
+            api_workers=workers,
+        )
+    except StackStartError as error:
+        err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
+        raise typer.Exit(1) from None
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Migrate the configured database (DATABASE_URL, default SQLite under the data dir) to the newest schema."""
+    from store.migrate import upgrade_to_head
+    from store.settings import get_settings
+
+    upgrade_to_head()
+    err.print(f"database at head: {_redact(get_settings().resolved_database_url())}", markup=False)
+
+
+@keys_app.command("create")
+def keys_create(owner: Annotated[str, typer.Argument(help="Owner name the key acts as.")]) -> None:
+    """Create an API key for OWNER and print its secret (shown only this once; stored hashed)."""
+    from store.db import session_scope
+    from store.keys import create_key
+    from store.migrate import SchemaNotMigratedError, ensure_migrated
+
+    try:
+        ensure_migrated()
+    except SchemaNotMigratedError as error:
+        err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
+        raise typer.Exit(1) from None
+    try:
+        with session_scope() as session:
+            secret = create_key(session, owner)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    out.print(secret, highlight=False, soft_wrap=True)
+    err.print(f"API key for {owner!r} created; it is shown only this once.", markup=False)
+
+
+def _redact(database_url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(database_url).render_as_string(hide_password=True)
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m cli.main`
+    sys.exit(app())

@@ -1,0 +1,372 @@
+"""The embedded stack: migrations, then uvicorn and a real Celery worker as two supervised processes.
+
+Both children get the same environment: the data directory, the database and broker URLs (SQLite and
+kombu's SQLAlchemy transport over SQLite under the data directory unless DATABASE_URL / BROKER_URL say
+otherwise) and the auth switch. A supervisor thread restarts a child that dies (a worker killed with
+``kill -9`` comes back and the reaper re-runs its job). Children run in their own session so a terminal's
+Ctrl-C reaches only this process, which then stops them in order: SIGTERM, a grace period, SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from store.migrate import upgrade_to_head
+from store.settings import Settings
+
+STOP_GRACE_SECONDS = 10.0
+STARTUP_TIMEOUT_SECONDS = 60.0
+MAX_RESTART_DELAY_SECONDS = 10.0
+STABLE_RUN_SECONDS = 60.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Looked up once in the parent: the function run between fork and exec must do nothing but the syscall.
+_PRCTL = _libc_prctl()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the thread that started us dies (no orphaned worker)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def settings_from_env(env: Mapping[str, str]) -> Settings:
+    """Settings as a child started with ``env`` will read them.
+
+    ``env`` is this process's environment plus overrides, so the overrides passed as inputs are what differ.
+    """
+    inputs: dict[str, str] = {}
+    for name, value in env.items():
+        upper = name.upper()
+        if upper in {"DATABASE_URL", "BROKER_URL", "REDIS_URL", "GPUEST_DATABASE_URL", "GPUEST_BROKER_URL"}:
+            inputs[upper] = value
+        elif upper.startswith("GPUEST_"):
+            inputs[upper.removeprefix("GPUEST_").lower()] = value
+    return Settings.model_validate(inputs)
+
+
+class StackStartError(RuntimeError):
+    """The embedded stack could not start; the message says why."""
+
+
+def ensure_port_free(host: str, port: int) -> None:
+    """Fail before starting anything if the port is taken (else another server could answer our health probe)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise StackStartError(f"cannot listen on {host}:{port}: {error.strerror}; choose another --port") from None
+
+
+def stack_environment(data_dir: Path, overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment both children share; explicit URLs so that API and worker cannot disagree."""
+    env = dict(os.environ)
+    env.update(overrides or {})
+    env["GPUEST_DATA_DIR"] = str(data_dir.resolve())
+    # Embedded default: no auth (a local, single-user service); GPUEST_AUTH_ENABLED=true turns it on.
+    env.setdefault("GPUEST_AUTH_ENABLED", "false")
+    settings = settings_from_env(env)
+    env["DATABASE_URL"] = settings.resolved_database_url()
+    env["BROKER_URL"] = settings.resolved_broker_url()
+    # The repository root on the path, so `python -m celery -A worker...` finds the packages from any cwd.
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+@dataclass
+class ManagedProcess:
+    """One child process the stack starts, watches and restarts."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    log_path: Path | None
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        if self.log_path is not None and self._log is None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            cwd=self.cwd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT if self._log is not None else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # only the prctl syscall runs between fork and exec
+        )
+        self.started_at = time.monotonic()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        process = self.process
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+            try:
+                process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                process.wait(timeout=grace)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_tail(self, characters: int = 4000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_bytes()[-characters:].decode(errors="replace")
+
+
+@dataclass
+class EmbeddedStack:
+    """A running embedded stack: the API's ``base_url``, its two supervised children, and its settings."""
+
+    base_url: str
+    data_dir: Path
+    env: dict[str, str]
+    api: ManagedProcess
+    worker: ManagedProcess
+    say: Callable[[str], None]
+    _stopping: threading.Event = field(default_factory=threading.Event, repr=False)
+    _supervisor: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.env.get("GPUEST_AUTH_ENABLED", "").strip().lower() in {"1", "true", "yes", "on"}
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self.worker.pid
+
+    def supervise(self, poll_seconds: float = 0.5) -> None:
+        """Restart whichever child exits while the stack is meant to run (with a growing delay)."""
+        delays = {id(self.api): 0.5, id(self.worker): 0.5}
+        while not self._stopping.wait(poll_seconds):
+            for child in (self.worker, self.api):
+                code = child.exit_code()
+                if code is None or self._stopping.is_set():
+                    continue
+                if time.monotonic() - child.started_at > STABLE_RUN_SECONDS:
+                    delays[id(child)] = 0.5  # it had been running fine: a crash, not a crash loop
+                delay = delays[id(child)]
+                self.say(f"gpuest: the {child.name} process (pid {child.pid}) exited with code {code}; "
+                         f"restarting it in {delay:.1f} s")
+                if self._stopping.wait(delay):
+                    return
+                child.restarts += 1
+                child.start()
+                self.say(f"gpuest: {child.name} restarted (pid {child.pid})")
+                delays[id(child)] = min(delay * 2, MAX_RESTART_DELAY_SECONDS)
+
+    def start_supervisor(self) -> None:
+        self._supervisor = threading.Thread(target=self.supervise, name="gpuest-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """Stop supervising, then the API (no new jobs), then the worker (it finishes or is killed)."""
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=grace)
+        self.api.stop(grace)
+        self.worker.stop(grace)
+
+
+def worker_argv(queue: str) -> list[str]:
+    # Gossip, mingle and the event heartbeat talk to other workers over broadcast exchanges: one worker per
+    # GPU needs none of it, and skipping mingle saves a second at start.
+    return [
+        sys.executable, "-m", "celery", "-A", "worker.celery_app:celery_app", "worker",
+        "-Q", queue, "--pool", "solo", "--concurrency", "1", "--loglevel", "INFO",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]
+
+
+def api_argv(host: str, port: int, workers: int = 1) -> list[str]:
+    argv = [sys.executable, "-m", "uvicorn", "api.app:app", "--host", host, "--port", str(port), "--no-access-log"]
+    # More than one: uvicorn's supervisor process forks that many servers sharing the socket.
+    return argv if workers == 1 else [*argv, "--workers", str(workers)]
+
+
+def prepare_broker(broker_url: str, queue: str) -> None:
+    """Declare the queue once so the SQLAlchemy transport creates its tables before two processes race to."""
+    if not broker_url.startswith("sqla+"):
+        return
+    from kombu import Connection
+
+    with warnings.catch_warnings():
+        # kombu's transport uses a loader option SQLAlchemy 2.1 deprecates; nothing for us to act on.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with Connection(broker_url) as connection:
+            connection.default_channel.queue_declare(queue=queue, durable=True)
+
+
+def wait_until_healthy(base_url: str, api: ManagedProcess, timeout: float = STARTUP_TIMEOUT_SECONDS) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if api.exit_code() is not None:
+            raise StackStartError(f"the API process exited with code {api.exit_code()} at start:\n{api.log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base_url}/healthz", timeout=2.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise StackStartError(f"the API did not answer /healthz within {timeout:.0f} s:\n{api.log_tail()}")
+
+
+@contextmanager
+def embedded_stack(
+    data_dir: Path,
+    port: int | None = None,
+    *,
+    host: str = "127.0.0.1",
+    env: Mapping[str, str] | None = None,
+    log_dir: Path | None = None,
+    say: Callable[[str], None] | None = None,
+    cwd: Path | None = None,
+    api_workers: int = 1,
+) -> Iterator[EmbeddedStack]:
+    """Run the embedded stack until the block exits; yields it once ``/healthz`` answers.
+
+    ``port=None`` picks a free port; ``env`` adds or overrides environment variables for both children;
+    ``log_dir`` sends their output to ``api.log`` / ``worker.log`` there instead of this terminal;
+    ``api_workers`` > 1 runs that many uvicorn server processes.
+    """
+    say = say or (lambda message: print(message, file=sys.stderr, flush=True))
+    if port:
+        ensure_port_free(host, port)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    child_env = stack_environment(data_dir, env)
+    queue = settings_from_env(child_env).queue
+    upgrade_to_head(child_env["DATABASE_URL"])
+    prepare_broker(child_env["BROKER_URL"], queue)
+    port = port or free_port(host)
+    base_url = f"http://{host}:{port}"
+    workdir = cwd or data_dir.resolve()
+    stack = EmbeddedStack(
+        base_url=base_url,
+        data_dir=data_dir.resolve(),
+        env=child_env,
+        api=ManagedProcess(
+            "API", api_argv(host, port, api_workers), child_env, workdir, log_dir and log_dir / "api.log"
+        ),
+        worker=ManagedProcess(
+            "worker", worker_argv(queue), child_env, workdir, log_dir and log_dir / "worker.log"
+        ),
+        say=say,
+    )
+    try:
+        stack.worker.start()
+        stack.api.start()
+        wait_until_healthy(base_url, stack.api)
+        stack.start_supervisor()
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _raise_keyboard_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def serve_forever(
+    host: str, port: int, data_dir: Path, say: Callable[[str], None], *, api_workers: int = 1
+) -> None:
+    """``gpuest serve``: run the stack in the foreground until Ctrl-C or SIGTERM, then stop both children."""
+    # Installed explicitly: a shell starts background jobs with SIGINT ignored, and Python then never
+    # raises KeyboardInterrupt.
+    stop_signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, _raise_keyboard_interrupt) for signum in stop_signals}
+    try:
+        with embedded_stack(data_dir, port, host=host, say=say, api_workers=api_workers) as stack:
+            for line in banner(stack):
+                say(line)
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(3600)
+            say("gpuest: stopping the API and the worker ...")
+    except KeyboardInterrupt:
+        say("gpuest: interrupted during start-up; stopped")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    say("gpuest: stopped")
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # a broker URL SQLAlchemy cannot parse: show only its scheme
+        return url.split("://", 1)[0] + "://..."
+
+
+def banner(stack: EmbeddedStack) -> list[str]:
+    auth = (
+        "auth: ON (send 'Authorization: Bearer <key>'; create one with `gpuest keys create OWNER`)"
+        if stack.auth_enabled
+        else "auth: OFF (WARNING) — no API key needed, every request acts as the local owner; "
+        "set GPUEST_AUTH_ENABLED=true to require keys"
+    )
+    header = ' -H "Authorization: Bearer $GPUEST_API_KEY"' if stack.auth_enabled else ""
+    return [
+        f"gpuest is running at {stack.base_url}  (API docs: {stack.base_url}/docs)",
+        f"data directory: {stack.data_dir}",
+        f"database: {_redact(stack.env['DATABASE_URL'])}",
+        f"broker:   {_redact(stack.env['BROKER_URL'])}",
+        f"worker pid {stack.worker.pid}, API pid {stack.api.pid}",
+        auth,
+        "submit a job:",
+        f"  curl -s -X POST {stack.base_url}/v1/jobs{header} -H 'Content-Type: application/json' \\",
+        "    -d '{\"kind\": \"crve_montecarlo\", \"params\": {\"n_clusters\": 20, \"cluster_size\": 10, "
+        "\"n_regressors\": 2, \"replications\": 200, \"seed\": 1}}'",
+        "Ctrl-C stops the API and the worker.",
+    ]

@@ -1,0 +1,345 @@
+"""Static checks of the Dockerfile and docker-compose.yml (no Docker engine runs on our machines).
+
+Every reference must resolve: build targets to Dockerfile stages, commands to real console scripts and
+importable modules, environment names to settings the code reads, volumes to declared volumes,
+``depends_on`` conditions to services that can satisfy them, and every COPY source to a file in the repo
+that .dockerignore does not drop from the build context.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import re
+import shlex
+import tomllib
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import dockerfile
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+DEPENDS_ON_CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
+# Variables read outside Settings: the CUDA runtime picks the GPU from the first, kernels.backend the
+# array library from the second, uvicorn its number of server processes from the third.
+EXTERNAL_ENV = {"CUDA_VISIBLE_DEVICES", "GPUEST_DEVICE", "WEB_CONCURRENCY"}
+
+
+# -- loading ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def instructions() -> tuple[dockerfile.Command, ...]:
+    return dockerfile.parse_file(str(DOCKERFILE))
+
+
+def global_args(commands: tuple[dockerfile.Command, ...]) -> dict[str, str]:
+    """ARGs before the first FROM, with their defaults (what ${NAME} in a FROM line expands to)."""
+    args: dict[str, str] = {}
+    for command in commands:
+        if command.cmd == "FROM":
+            break
+        if command.cmd == "ARG":
+            for value in command.value:
+                name, _, default = value.partition("=")
+                args[name] = default
+    return args
+
+
+def stages(commands: tuple[dockerfile.Command, ...]) -> dict[str, str]:
+    """Stage name -> base image (ARG defaults expanded)."""
+    args = global_args(commands)
+    found: dict[str, str] = {}
+    for command in commands:
+        if command.cmd == "FROM":
+            image = re.sub(r"\$\{(\w+)\}", lambda match: args[match.group(1)], command.value[0])
+            assert len(command.value) == 3 and command.value[1].upper() == "AS", f"unnamed stage: {command.original}"
+            found[command.value[2]] = image
+    return found
+
+
+def stage_commands(commands: tuple[dockerfile.Command, ...]) -> Iterator[tuple[str, dockerfile.Command]]:
+    current = ""
+    for command in commands:
+        if command.cmd == "FROM":
+            current = command.value[2]
+        elif current:
+            yield current, command
+
+
+def dockerignore_patterns() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def ignored_by_docker(relative: str, patterns: list[str]) -> bool:
+    parts = Path(relative).parts
+    for pattern in patterns:
+        bare = pattern.removeprefix("**/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        if any(fnmatch.fnmatch(prefix, pattern) for prefix in prefixes):
+            return True
+        if pattern.startswith("**/") and any(fnmatch.fnmatch(part, bare) for part in parts):
+            return True
+    return False
+
+
+def our_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Services that run this repository's images (built from the Dockerfile)."""
+    return {name: service for name, service in compose["services"].items() if "build" in service}
+
+
+def settings_env_names() -> set[str]:
+    from pydantic import AliasChoices
+
+    from store.settings import Settings
+
+    prefix = Settings.model_config.get("env_prefix", "")
+    names: set[str] = set()
+    for field_name, info in Settings.model_fields.items():
+        alias = info.validation_alias
+        if isinstance(alias, AliasChoices):
+            names.update(str(choice) for choice in alias.choices)
+        elif isinstance(alias, str):
+            names.add(alias)
+        else:
+            names.add(f"{prefix}{field_name}".upper())
+    return names
+
+
+# -- command resolution -----------------------------------------------------------------------------
+
+def console_scripts() -> set[str]:
+    return {entry.name for entry in entry_points(group="console_scripts")}
+
+
+def resolve_object(reference: str) -> Any:
+    module_name, _, attribute = reference.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attribute) if attribute else module
+
+
+def check_gpuest_command(argv: list[str]) -> None:
+    import typer.main
+
+    from cli.main import app
+
+    # Typer ships its own click; walk the command tree through the group's ``commands`` mapping.
+    command: Any = typer.main.get_command(app)
+    for word in (word for word in argv[1:] if not word.startswith("-")):
+        subcommands = getattr(command, "commands", None)
+        assert subcommands is not None, f"`{' '.join(argv)}`: {command.name} takes no subcommand {word}"
+        assert word in subcommands, f"`{' '.join(argv)}`: no gpuest command {word!r}"
+        command = subcommands[word]
+
+
+def check_command(argv: list[str], env: dict[str, str]) -> None:
+    """The program is a console script we install and its module references import."""
+    program = argv[0]
+    assert program in console_scripts() | {"python", "python3"}, f"{program!r} is not an installed console script"
+    if program == "gpuest":
+        scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+        assert scripts["gpuest"] == "cli.main:app"
+        check_gpuest_command(argv)
+    elif program == "celery":
+        from celery import Celery
+
+        app_reference = argv[argv.index("-A") + 1]
+        assert isinstance(resolve_object(app_reference), Celery), f"{app_reference} is not a Celery app"
+        assert "worker" in argv
+        queue = argv[argv.index("-Q") + 1]
+        assert queue == env.get("GPUEST_QUEUE", "gpu"), "the worker must consume the queue the API sends to"
+        assert argv[argv.index("--concurrency") + 1] == "1", "one job at a time per GPU"
+    elif program == "uvicorn":
+        from fastapi import FastAPI
+
+        app_reference = next(word for word in argv[1:] if ":" in word)
+        assert isinstance(resolve_object(app_reference), FastAPI), f"{app_reference} is not the FastAPI app"
+
+
+def command_argv(command: Any) -> list[str]:
+    return list(command) if isinstance(command, list) else shlex.split(command)
+
+
+# -- Dockerfile -------------------------------------------------------------------------------------
+
+def test_dockerfile_has_the_api_and_gpu_worker_stages(instructions: tuple[dockerfile.Command, ...]) -> None:
+    found = stages(instructions)
+    assert {"base", "api", "worker-gpu"} <= set(found)
+    assert found["base"].startswith("python:3.1") and "slim" in found["base"]
+    assert re.fullmatch(r"nvidia/cuda:13\.\d+\.\d+-runtime-ubuntu\d+\.\d+", found["worker-gpu"]), found["worker-gpu"]
+
+
+def test_every_from_names_an_image_or_an_earlier_stage(instructions: tuple[dockerfile.Command, ...]) -> None:
+    seen: set[str] = set()
+    for name, image in stages(instructions).items():
+        assert image in seen or re.fullmatch(r"[\w./-]+:[\w.-]+", image), f"stage {name}: untagged base {image}"
+        seen.add(name)
+
+
+def test_every_copy_source_exists_and_is_in_the_build_context(instructions: tuple[dockerfile.Command, ...]) -> None:
+    patterns = dockerignore_patterns()
+    known_stages: list[str] = []
+    copies = 0
+    for stage, command in stage_commands(instructions):
+        if stage not in known_stages:
+            known_stages.append(stage)
+        if command.cmd not in {"COPY", "ADD"}:
+            continue
+        sources = command.value[:-1]
+        from_stage = next((flag.split("=", 1)[1] for flag in command.flags if flag.startswith("--from=")), None)
+        if from_stage is not None:
+            assert from_stage in known_stages[:-1], f"{command.original}: --from names no earlier stage"
+            continue
+        for source in sources:
+            copies += 1
+            path = ROOT / source
+            assert path.exists(), f"{command.original}: {source} does not exist"
+            assert not ignored_by_docker(source.rstrip("/"), patterns), f"{source} is excluded by .dockerignore"
+    assert copies >= 5
+
+
+def test_the_gpu_image_installs_the_cupy_extra(instructions: tuple[dockerfile.Command, ...]) -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(requirement.startswith("cupy-cuda13x") for requirement in extras["gpu"])
+    runs = [" ".join(c.value) for stage, c in stage_commands(instructions) if stage == "worker-gpu" and c.cmd == "RUN"]
+    assert any("pip install" in run and ".[gpu]" in run for run in runs)
+
+
+def test_dockerfile_default_commands_resolve(instructions: tuple[dockerfile.Command, ...]) -> None:
+    commands = {stage: list(c.value) for stage, c in stage_commands(instructions) if c.cmd == "CMD"}
+    assert set(commands) == {"api", "worker-gpu"}
+    for argv in commands.values():
+        check_command(argv, {})
+
+
+def test_dockerfile_healthcheck_probes_healthz(instructions: tuple[dockerfile.Command, ...]) -> None:
+    (check,) = [c for _, c in stage_commands(instructions) if c.cmd == "HEALTHCHECK"]
+    assert "/healthz" in check.original
+    assert "/healthz" in resolve_object("api.app:app").openapi()["paths"]
+
+
+# -- docker-compose.yml ------------------------------------------------------------------------------
+
+def test_compose_has_the_five_services(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) == {"postgres", "redis", "migrate", "api", "worker"}
+
+
+def test_build_targets_are_dockerfile_stages(compose: dict[str, Any], instructions: tuple[Any, ...]) -> None:
+    known = set(stages(instructions))
+    for name, service in our_services(compose).items():
+        build = service["build"]
+        assert (ROOT / build.get("context", ".") / build.get("dockerfile", "Dockerfile")).resolve() == DOCKERFILE
+        assert build["target"] in known, f"{name}: no Dockerfile stage {build['target']!r}"
+    assert our_services(compose)["worker"]["build"]["target"] == "worker-gpu"
+
+
+def test_external_images_are_pinned(compose: dict[str, Any]) -> None:
+    for name, service in compose["services"].items():
+        if "build" not in service:
+            image = service["image"]
+            assert ":" in image and not image.endswith(":latest"), f"{name}: pin a tag, not {image!r}"
+
+
+def test_service_commands_resolve(compose: dict[str, Any]) -> None:
+    for name, service in our_services(compose).items():
+        assert "command" in service, f"{name}: say what runs"
+        try:
+            check_command(command_argv(service["command"]), service.get("environment") or {})
+        except AssertionError as error:
+            raise AssertionError(f"service {name}: {error}") from error
+    assert command_argv(compose["services"]["migrate"]["command"]) == ["gpuest", "db", "upgrade"]
+
+
+def test_environment_names_are_settings_the_code_reads(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from store.settings import Settings
+
+    readable = settings_env_names() | EXTERNAL_ENV
+    for name, service in our_services(compose).items():
+        env = service.get("environment") or {}
+        assert isinstance(env, dict), f"{name}: use the mapping form for environment"
+        unknown = set(env) - readable
+        assert not unknown, f"{name}: environment names no setting reads: {sorted(unknown)}"
+        # The values must validate too (a typo'd boolean or URL fails here, not at container start).
+        for variable in readable:
+            monkeypatch.delenv(variable, raising=False)
+        for variable, value in env.items():
+            monkeypatch.setenv(variable, str(value))
+        settings = Settings()
+        assert settings.resolved_database_url().startswith("postgresql+psycopg://")
+        assert settings.resolved_broker_url().startswith("redis://")
+        assert settings.auth_enabled, f"{name}: a networked deployment must require API keys"
+
+
+def test_named_volumes_resolve(compose: dict[str, Any]) -> None:
+    declared = set(compose.get("volumes") or {})
+    used: set[str] = set()
+    for name, service in compose["services"].items():
+        for mount in service.get("volumes") or []:
+            source = mount.split(":", 1)[0] if isinstance(mount, str) else mount["source"]
+            if not source.startswith((".", "/", "~")):
+                assert source in declared, f"{name}: volume {source!r} is not declared"
+                used.add(source)
+    assert used == declared, f"declared but unused volumes: {sorted(declared - used)}"
+    api_mounts, worker_mounts = (set(compose["services"][s]["volumes"]) for s in ("api", "worker"))
+    assert "gpuest-data:/data" in api_mounts & worker_mounts, "API and worker must share the data directory"
+
+
+def test_depends_on_conditions_are_satisfiable(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, service in services.items():
+        depends = service.get("depends_on") or {}
+        assert isinstance(depends, dict), f"{name}: use depends_on with conditions"
+        for target, rule in depends.items():
+            assert target in services, f"{name} depends on unknown service {target}"
+            condition = rule["condition"]
+            assert condition in DEPENDS_ON_CONDITIONS, f"{name}: bad condition {condition}"
+            if condition == "service_healthy":
+                assert "healthcheck" in services[target], f"{name} waits for {target} to be healthy: no healthcheck"
+            if condition == "service_completed_successfully":
+                assert services[target].get("restart", "no") == "no", f"{target} must be one-shot"
+    for name in ("api", "worker"):
+        assert services[name]["depends_on"] == {
+            "postgres": {"condition": "service_healthy"},
+            "redis": {"condition": "service_healthy"},
+            "migrate": {"condition": "service_completed_successfully"},
+        }
+
+
+def test_healthchecks(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
+    assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    api_check = services["api"]["healthcheck"]["test"]
+    assert api_check[:3] == ["CMD", "python", "-c"]
+    compile(api_check[3], "<healthcheck>", "exec")
+    argv = command_argv(services["api"]["command"])
+    port = argv[argv.index("--port") + 1]
+    assert f"127.0.0.1:{port}/healthz" in api_check[3]
+    assert any(str(mapping).endswith(f":{port}") for mapping in services["api"]["ports"])
+
+
+def test_worker_reserves_one_nvidia_gpu(compose: dict[str, Any]) -> None:
+    worker = compose["services"]["worker"]
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["count"] == 1 and "gpu" in device["capabilities"]
+    assert worker["environment"]["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_worker_demands_the_gpu(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernels.backend import requested_device
+
+    monkeypatch.setenv("GPUEST_DEVICE", compose["services"]["worker"]["environment"]["GPUEST_DEVICE"])
+    assert requested_device() == "gpu"

@@ -19,6 +19,7 @@ from store.db import session_scope
 from store.keys import create_key
 from store.migrate import upgrade_to_head
 from store.settings import get_settings
+from tests import servers
 
 
 def clear_cached_settings() -> None:
@@ -27,30 +28,13 @@ def clear_cached_settings() -> None:
     db._session_factory.cache_clear()
 
 
-def _fresh_postgres_database(server_url: str) -> tuple[str, Callable[[], None]]:
-    """A throwaway database on the server DATABASE_URL names, so tests never see each other's rows."""
-    from sqlalchemy import create_engine, make_url, text
-
-    name = f"gpuest_api_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(make_url(server_url).set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return make_url(server_url).set(database=name).render_as_string(hide_password=False), drop
-
-
 BACKENDS = ["embedded", pytest.param("servers", marks=pytest.mark.servers)]
 
 
 @pytest.fixture(scope="session")
 def postgres_database() -> Iterator[str]:
     """One throwaway Postgres database for the session's servers-tier API tests (emptied before each)."""
-    url, drop = _fresh_postgres_database(os.environ["DATABASE_URL"])
+    url, drop = servers.fresh_postgres_database(os.environ["DATABASE_URL"])
     yield url
     drop()
 

@@ -19,7 +19,7 @@ import structlog
 from celery.signals import worker_ready
 from pydantic import ValidationError
 
-from kernels.backend import device_label, get_namespace
+from kernels.backend import GPUUnavailableError, device_label, get_namespace
 from kernels.progress import JobCancelled
 from kernels.registry import get_kind
 from store import jobs as job_store
@@ -55,9 +55,12 @@ def _seconds_between(start: Any, end: Any) -> float | None:
 def execute_job(job_id: str, worker: str = WORKER_ID) -> str | None:
     """Claim and run one job to a terminal status; returns that status, or None if it was not ours to run."""
     settings = get_settings()
-    xp = get_namespace()
+    try:
+        device, device_error = device_label(get_namespace()), None
+    except (GPUUnavailableError, ValueError) as exc:  # GPUEST_DEVICE=gpu without a GPU, or a bad value
+        device, device_error = "unavailable", exc
     with session_scope() as session:
-        if not job_store.claim(session, job_id, worker=worker, device=device_label(xp)):
+        if not job_store.claim(session, job_id, worker=worker, device=device):
             log.info("job not claimed", job_id=job_id)
             return None
         job = session.get(Job, job_id)
@@ -71,6 +74,8 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> str | None:
     status, result, error = "failed", None, None
     with Heartbeat(job_id, worker, settings.heartbeat_seconds):
         try:
+            if device_error is not None:
+                raise device_error
             kind = get_kind(kind_name)
             spec = kind.params_model.model_validate(params)
             data = _load_datasets(dataset_ids)
@@ -78,7 +83,7 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> str | None:
             status = "succeeded"
         except JobCancelled:
             status = "cancelled"
-        except (ValueError, ValidationError, KeyError) as exc:
+        except (ValueError, ValidationError, KeyError, GPUUnavailableError) as exc:
             error = {"type": type(exc).__name__, "message": str(exc)}
         except MemoryError:
             error = {"type": "OutOfMemory", "message": "the job needed more memory than the worker has"}

@@ -154,3 +154,18 @@ def test_worker_keeps_serving_after_a_failing_job(stack_env: dict[str, str], sta
     enqueue_job(healthy)
     wait_for(lambda: load(healthy).status in job_store.TERMINAL_STATUSES, 60, "the second job")
     assert load(failing).status == "failed" and load(healthy).status == "succeeded"
+
+
+def test_a_demanded_gpu_that_is_missing_fails_the_job_instead_of_looping(
+    stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernels.backend import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is present")
+    monkeypatch.setenv("GPUEST_DEVICE", "gpu")
+    job_id = submit(SMALL)
+    assert execute_job(job_id, worker="w1") == "failed"
+    job = load(job_id)
+    assert job.device == "unavailable" and job.error["type"] == "GPUUnavailableError"
+    assert "GPUEST_DEVICE=gpu" in job.error["message"]

@@ -4,7 +4,9 @@ Both children get the same environment: the data directory, the database and bro
 kombu's SQLAlchemy transport over SQLite under the data directory unless DATABASE_URL / BROKER_URL say
 otherwise) and the auth switch. A supervisor thread restarts a child that dies (a worker killed with
 ``kill -9`` comes back and the reaper re-runs its job). Children run in their own session so a terminal's
-Ctrl-C reaches only this process, which then stops them in order: SIGTERM, a grace period, SIGKILL.
+Ctrl-C reaches only this process, which then stops them in order: SIGTERM, a grace period, SIGKILL (and
+says so). On SIGTERM the worker hands a running job back to the queue at the job's next progress
+checkpoint (worker.tasks), so the job runs again first thing when the stack comes back.
 """
 
 from __future__ import annotations
@@ -145,8 +147,10 @@ class ManagedProcess:
     def exit_code(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
-    def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+    def stop(self, grace: float = STOP_GRACE_SECONDS) -> bool:
+        """SIGTERM, then SIGKILL if it is still running after ``grace`` seconds; True when it had to be killed."""
         process = self.process
+        killed = False
         if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()
@@ -156,9 +160,11 @@ class ManagedProcess:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
                 process.wait(timeout=grace)
+                killed = True
         if self._log is not None:
             self._log.close()
             self._log = None
+        return killed
 
     def log_tail(self, characters: int = 4000) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -216,8 +222,17 @@ class EmbeddedStack:
         self._stopping.set()
         if self._supervisor is not None:
             self._supervisor.join(timeout=grace)
-        self.api.stop(grace)
-        self.worker.stop(grace)
+        for child in (self.api, self.worker):
+            if child.stop(grace):
+                # Silence here would hide why a job re-ran: a killed worker's job waits for the reaper.
+                self.say(self.killed_message(child, grace))
+
+    @staticmethod
+    def killed_message(child: ManagedProcess, grace: float) -> str:
+        message = f"gpuest: the {child.name} process (pid {child.pid}) did not stop within {grace:g} s; killed it"
+        if child.name == "worker":
+            message += " (a job it was running stays 'running' until a worker's reaper re-queues it)"
+        return message
 
 
 def worker_argv(queue: str) -> list[str]:
@@ -368,5 +383,5 @@ def banner(stack: EmbeddedStack) -> list[str]:
         f"  curl -s -X POST {stack.base_url}/v1/jobs{header} -H 'Content-Type: application/json' \\",
         "    -d '{\"kind\": \"crve_montecarlo\", \"params\": {\"n_clusters\": 20, \"cluster_size\": 10, "
         "\"n_regressors\": 2, \"replications\": 200, \"seed\": 1}}'",
-        "Ctrl-C stops the API and the worker.",
+        "Ctrl-C stops the API and the worker (a running job goes back to the queue).",
     ]

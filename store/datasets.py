@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from sqlalchemy import event, func, select
@@ -19,8 +20,30 @@ from store.models import Dataset, new_id
 SOURCE_FORMATS = ("csv", "parquet")
 
 
+# A CSV column counts as "mostly numeric" when its numbers outnumber its other values and those are either
+# a few (a typo or a stray marker in a numeric column) or under a tenth of the column.
+STRAY_VALUES_LIMIT = 3
+MOSTLY_NUMERIC_SHARE = 0.9
+# What pyarrow's CSV reader would have read as a number (sign, decimals, exponent, inf, nan), matched
+# case-insensitively; surrounding blanks tolerated.
+NUMBER_PATTERN = r"^\s*[+-]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?|inf|infinity|nan)\s*$"
+
+
 class DatasetError(ValueError):
     """The uploaded file cannot become a dataset; the message says why."""
+
+
+class ColumnTypeError(DatasetError):
+    """A CSV column of numbers with a few values that are not numbers (read as text, it would break jobs)."""
+
+    def __init__(self, column: str, row: int, value: str, numeric: int, values: int) -> None:
+        self.column, self.row, self.value = column, row, value
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        super().__init__(
+            f"column {column}: value {shown!r} in row {row} is not a number, but the column's other values are "
+            f"numeric ({numeric} of its {values} values are numbers); correct it, leave the cell empty for a "
+            "missing value, or upload Parquet to keep the column as text"
+        )
 
 
 def detect_format(filename: str, content_type: str | None) -> str:
@@ -52,7 +75,31 @@ def read_table(path: Path, source_format: str) -> pa.Table:
     names = table.column_names
     if len(set(names)) != len(names):
         raise DatasetError("column names must be unique")
+    if source_format == "csv":
+        # Only CSV: its types are guessed from the text, so one stray value silently turns a numeric
+        # column into text; Parquet columns carry the type their writer chose.
+        refuse_mostly_numeric_text(table)
     return table
+
+
+def refuse_mostly_numeric_text(table: pa.Table) -> None:
+    """Raise :class:`ColumnTypeError` for the first text column whose values are mostly, not all, numbers."""
+    for field in table.schema:
+        if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+            _check_text_column(field.name, table.column(field.name))
+
+
+def _check_text_column(name: str, column: pa.ChunkedArray) -> None:
+    is_number = pc.match_substring_regex(column, NUMBER_PATTERN, ignore_case=True)  # null where the cell is
+    numeric = int(pc.sum(is_number).as_py() or 0)
+    values = len(column) - column.null_count
+    other = values - numeric
+    if other == 0 or numeric <= other:
+        return  # all numbers (kept as pyarrow read them), or a genuine text column
+    if other > STRAY_VALUES_LIMIT and numeric < MOSTLY_NUMERIC_SHARE * values:
+        return
+    first = int(pc.index(is_number, False).as_py())
+    raise ColumnTypeError(name, row=first + 1, value=str(column[first].as_py()), numeric=numeric, values=values)
 
 
 def column_schema(table: pa.Table) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Job rows and their lifecycle: every transition is one conditional UPDATE, so a race has one winner.
 
 queued -> running -> succeeded | failed | cancelled; queued -> cancelled; running -> queued (requeued
-after a lost worker, while attempts remain).
+after a lost worker, while attempts remain, or released by a worker that is shutting down).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -28,8 +28,10 @@ def create_job(
     params: dict[str, Any],
     dataset_ids: dict[str, str],
     idempotency_key: str | None = None,
+    queue: str | None = None,
 ) -> tuple[Job, bool]:
-    """Insert a queued job; with an idempotency key already used by this owner, return that job instead.
+    """Insert a queued job for ``queue``; with an idempotency key already used by this owner, return that
+    job instead. The caller sends its message right after committing, so the row says it was sent now.
 
     Returns ``(job, created)``.
     """
@@ -37,7 +39,10 @@ def create_job(
         existing = find_by_idempotency_key(session, owner, idempotency_key)
         if existing is not None:
             return existing, False
-    job = Job(owner=owner, kind=kind, params=params, dataset_ids=dataset_ids, idempotency_key=idempotency_key)
+    job = Job(
+        owner=owner, kind=kind, params=params, dataset_ids=dataset_ids, idempotency_key=idempotency_key,
+        queue=queue, enqueued_at=utcnow(),
+    )
     session.add(job)
     try:
         session.flush()
@@ -208,16 +213,74 @@ def requeue_or_fail_stale(session: Session, job: Job, *, max_attempts: int) -> s
             },
         }
     else:
-        new_status, values = "queued", {"worker": None, "stage": "requeued after a lost worker", "progress": 0.0}
+        new_status = "queued"
+        values = {"worker": None, "stage": "requeued after a lost worker", "progress": 0.0, "enqueued_at": utcnow()}
     updated = session.execute(
         update(Job).where(*conditions).values(status=new_status, **values).execution_options(synchronize_session=False)
     ).rowcount
     return new_status if updated == 1 else None
 
 
-def queued_job_ids(session: Session, *, older_than: timedelta) -> list[str]:
-    cutoff = utcnow() - older_than
-    return list(session.scalars(select(Job.id).where(Job.status == "queued", Job.created_at < cutoff)).all())
+def release(session: Session, job_id: str, *, worker: str, stage: str) -> bool:
+    """running -> queued for the worker that holds the job, which stops without the run having failed.
+
+    The attempt is given back (a stopped worker is not a failed run, so it must not count towards
+    ``max_attempts``) and the row says a message is being sent now. A job whose cancel was requested is
+    not released: the caller finishes it as cancelled instead.
+    """
+    updated = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "running", Job.worker == worker, Job.cancel_requested.is_(False))
+        .values(
+            status="queued", worker=None, attempts=Job.attempts - 1, progress=0.0, stage=stage[:200],
+            enqueued_at=utcnow(),
+        )
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    return updated == 1
+
+
+def _not_sent_since(cutoff: datetime) -> Any:
+    # Rows from before migration 0002 have no enqueued_at: their creation is the last send we know of.
+    return func.coalesce(Job.enqueued_at, Job.created_at) < cutoff
+
+
+def _on_queue(queue: str) -> Any:
+    # Rows from before migration 0002 have no queue: they were sent to the one queue the service used.
+    return or_(Job.queue == queue, Job.queue.is_(None))
+
+
+def queued_job_ids(session: Session, *, queue: str, not_sent_for: timedelta) -> list[str]:
+    """Queued jobs of ``queue`` whose last message was sent longer than ``not_sent_for`` ago."""
+    cutoff = utcnow() - not_sent_for
+    return list(
+        session.scalars(
+            select(Job.id).where(Job.status == "queued", _on_queue(queue), _not_sent_since(cutoff))
+        ).all()
+    )
+
+
+def mark_resent(session: Session, job_id: str, *, queue: str, not_sent_for: timedelta) -> bool:
+    """Stamp a new send time on a queued job still unsent for ``not_sent_for``; False when someone else
+    (another worker's reaper, a claim, a cancel) got there first, so only one party sends the message."""
+    cutoff = utcnow() - not_sent_for
+    updated = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "queued", _on_queue(queue), _not_sent_since(cutoff))
+        .values(enqueued_at=utcnow(), queue=queue)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    return updated == 1
+
+
+def mark_enqueued(session: Session, job_id: str) -> None:
+    """Record that a message for this queued job is being sent now."""
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "queued")
+        .values(enqueued_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
 
 
 def queue_depth(session: Session) -> int:

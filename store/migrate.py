@@ -43,12 +43,23 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
+def _missing_sqlite_file(url: str) -> bool:
+    # Connecting would create an empty file, leaving a database that looks present but has no schema.
+    if not url.startswith("sqlite:///") or url.startswith("sqlite:///:memory:"):
+        return False
+    return not Path(url.removeprefix("sqlite:///").split("?", 1)[0]).exists()
+
+
 def ensure_migrated(url: str | None = None) -> None:
-    """Raise :class:`SchemaNotMigratedError` with the command to run unless the schema is at head."""
+    """Raise :class:`SchemaNotMigratedError` with the command to run unless the schema is at head.
+
+    Reads only: a missing SQLite file stays missing.
+    """
     resolved = url or get_settings().resolved_database_url()
-    current, head = current_revision(engine_for(resolved)), head_revision()
+    current = None if _missing_sqlite_file(resolved) else current_revision(engine_for(resolved))
+    head = head_revision()
     if current != head:
+        found = "the database has no gpuest schema" if current is None else f"the schema is at revision {current!r}"
         raise SchemaNotMigratedError(
-            f"database schema is at revision {current!r}, the code needs {head!r}: "
-            "run `gpuest db upgrade` (or `alembic upgrade head`) first"
+            f"{found}, the code needs revision {head!r}: run `gpuest db upgrade` (or `alembic upgrade head`) first"
         )

@@ -53,6 +53,7 @@ class Job(Base):
         UniqueConstraint("owner", "idempotency_key", name="uq_jobs_owner_idempotency_key"),
         Index("ix_jobs_owner_created", "owner", "created_at"),
         Index("ix_jobs_status_heartbeat", "status", "heartbeat_at"),
+        Index("ix_jobs_status_queue_enqueued", "status", "queue", "enqueued_at"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
@@ -69,6 +70,10 @@ class Job(Base):
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
     device: Mapped[str | None] = mapped_column(String(200), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The Celery queue the job's message goes to, and when a message was last sent: the reaper re-sends a
+    # lost message to this queue, and only once the last one has had the stale limit to be taken.
+    queue: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

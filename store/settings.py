@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1, description="Runs a job gets before a lost worker fails it")
     visibility_timeout_seconds: int = Field(43_200, ge=60, description="Redis redelivery delay (longest job)")
     queue: str = Field("gpu", description="Celery queue the API sends to and the worker consumes")
+    worker_alive_file: Path | None = Field(
+        None, description="File the worker touches after each reaper pass (for a container healthcheck)"
+    )
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'gpuest.sqlite3').resolve()}"

@@ -320,6 +320,9 @@ def test_depends_on_conditions_are_satisfiable(compose: dict[str, Any]) -> None:
 
 def test_healthchecks(compose: dict[str, Any]) -> None:
     services = compose["services"]
+    assert {name for name, service in services.items() if "healthcheck" in service} == {
+        "postgres", "redis", "api", "worker"
+    }, "every long-running service has a healthcheck"
     assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
     assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
     api_check = services["api"]["healthcheck"]["test"]
@@ -343,3 +346,28 @@ def test_worker_demands_the_gpu(compose: dict[str, Any], monkeypatch: pytest.Mon
 
     monkeypatch.setenv("GPUEST_DEVICE", compose["services"]["worker"]["environment"]["GPUEST_DEVICE"])
     assert requested_device() == "gpu"
+
+
+def test_worker_healthcheck_checks_the_alive_file_the_worker_touches(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    from store.settings import Settings
+
+    worker = compose["services"]["worker"]
+    check = worker["healthcheck"]["test"]
+    assert check[:4] == ["CMD", "python", "-m", "worker.health"], check
+    assert importlib.util.find_spec("worker.health") is not None
+    max_age = float(check[check.index("--max-age") + 1])
+    # The file the worker writes is per container (not on the shared data volume, where workers would
+    # vouch for each other), and the age limit leaves room for several reaper passes.
+    for variable in settings_env_names():
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in worker["environment"].items():
+        monkeypatch.setenv(variable, str(value))
+    settings = Settings()
+    assert settings.worker_alive_file is not None
+    assert not settings.worker_alive_file.is_relative_to(settings.data_dir)
+    assert max_age >= 4 * settings.reaper_interval_seconds
+    assert worker["healthcheck"]["start_period"] and worker["healthcheck"]["retries"] >= 1

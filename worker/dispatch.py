@@ -1,4 +1,4 @@
-"""Ring the doorbell: send a job id to the worker queue of the current settings."""
+"""Ring the doorbell: send a job id to a worker queue (the job's own, else the one in the settings)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ def _broker_connection() -> Connection:
     return Connection(settings.resolved_broker_url(), transport_options=transport_options(settings))
 
 
-def enqueue_job(job_id: str) -> None:
+def enqueue_job(job_id: str, queue: str | None = None) -> None:
     with _broker_connection() as connection:
-        celery_app.send_task(RUN_JOB_TASK, args=[job_id], queue=get_settings().queue, connection=connection)
+        celery_app.send_task(RUN_JOB_TASK, args=[job_id], queue=queue or get_settings().queue, connection=connection)
 
 
 def broker_reachable(timeout: float = 2.0) -> bool:

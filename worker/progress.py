@@ -1,4 +1,5 @@
-"""The worker's :class:`kernels.progress.Progress`: progress to the job row, cancellation, artifacts."""
+"""The worker's :class:`kernels.progress.Progress`: progress to the job row, cancellation, artifacts, and
+the stop flag a warm shutdown raises so a running job hands itself back to the queue."""
 
 from __future__ import annotations
 
@@ -12,9 +13,19 @@ from store.artifacts import save_artifact
 from store.db import session_scope
 
 
+class WorkerStopping(Exception):
+    """Raised at a progress checkpoint once this worker process began a warm shutdown."""
+
+
+# Set from Celery's worker_shutting_down signal (worker.tasks), in the process that runs the job: with the
+# solo pool the signal handler and the job share the main thread, so the job sees it at its next checkpoint.
+worker_stopping = threading.Event()
+
+
 class JobProgress:
     """Writes progress at most every ``min_interval`` seconds and raises :class:`JobCancelled` once the
-    job was asked to stop (or was taken from this worker by the reaper)."""
+    job was asked to stop (or was taken from this worker by the reaper), or :class:`WorkerStopping` at the
+    first checkpoint after the worker began shutting down."""
 
     def __init__(self, job_id: str, worker: str, min_interval: float = 0.5) -> None:
         self.job_id = job_id
@@ -24,6 +35,9 @@ class JobProgress:
         self._last_write = 0.0
 
     def __call__(self, fraction: float, stage: str | None = None) -> None:
+        # Before the rate limit: a shutdown has a grace period, and every checkpoint may be the last in it.
+        if worker_stopping.is_set():
+            raise WorkerStopping(f"worker stopping; job {self.job_id} goes back to the queue")
         now = time.monotonic()
         if now - self._last_write < self.min_interval:
             return

@@ -1,4 +1,5 @@
-"""The Celery task that runs one job, and the reaper that rescues jobs of lost workers.
+"""The Celery task that runs one job, the reaper that rescues jobs of lost workers, and the worker's
+start and warm-shutdown hooks.
 
 The message carries only the job id. A claim is a conditional UPDATE (queued -> running), so a
 redelivered or duplicated message for a job already claimed or finished does nothing.
@@ -8,42 +9,71 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import structlog
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_ready, worker_shutting_down
 from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
+from api.logging import configure_worker_logging
 from kernels.backend import GPUUnavailableError, device_label, get_namespace
 from kernels.progress import JobCancelled
-from kernels.registry import get_kind
+from kernels.registry import get_kind, registry
 from store import jobs as job_store
 from store.datasets import get_dataset, load_frame
 from store.db import session_scope
+from store.migrate import SchemaNotMigratedError, ensure_migrated
 from store.models import Job
 from store.settings import get_settings
 from worker.celery_app import RUN_JOB_TASK, celery_app
 from worker.dispatch import enqueue_job
-from worker.progress import Heartbeat, JobProgress
+from worker.health import touch
+from worker.progress import Heartbeat, JobProgress, WorkerStopping, worker_stopping
 
 log = structlog.get_logger("gpuest.worker")
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-_busy = threading.Event()
+
+
+class Activity:
+    """Whether this worker process runs a job, and for how long it has been idle (read by the reaper)."""
+
+    def __init__(self) -> None:
+        self._running = False
+        self._idle_since = time.monotonic()
+
+    def started(self) -> None:
+        self._running = True
+
+    def finished(self) -> None:
+        self._running, self._idle_since = False, time.monotonic()
+
+    def idle_for(self) -> float:
+        return 0.0 if self._running else time.monotonic() - self._idle_since
+
+
+_activity = Activity()
+REQUEUED_STAGE = "requeued: worker stopped"
+# Exit status of a worker that refuses to start (EX_CONFIG of sysexits.h: a configuration problem).
+EXIT_NOT_READY = 78
 
 
 @celery_app.task(name=RUN_JOB_TASK)
 def run_job(job_id: str) -> str | None:
-    _busy.set()
+    _activity.started()
     try:
         return execute_job(job_id)
     finally:
-        _busy.clear()
+        _activity.finished()
 
 
 def _seconds_between(start: Any, end: Any) -> float | None:
@@ -53,8 +83,12 @@ def _seconds_between(start: Any, end: Any) -> float | None:
 
 
 def execute_job(job_id: str, worker: str = WORKER_ID) -> str | None:
-    """Claim and run one job to a terminal status; returns that status, or None if it was not ours to run."""
+    """Claim and run one job to a terminal status; returns that status, "queued" when a warm shutdown of
+    this worker handed the job back to the queue, or None if it was not ours to run."""
     settings = get_settings()
+    if worker_stopping.is_set():
+        pass_on(job_id)
+        return None
     try:
         device, device_error = device_label(get_namespace()), None
     except (GPUUnavailableError, ValueError) as exc:  # GPUEST_DEVICE=gpu without a GPU, or a bad value
@@ -71,26 +105,14 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> str | None:
 
     progress = JobProgress(job_id, worker)
     started = time.perf_counter()
-    status, result, error = "failed", None, None
     with Heartbeat(job_id, worker, settings.heartbeat_seconds):
-        try:
-            if device_error is not None:
-                raise device_error
-            kind = get_kind(kind_name)
-            spec = kind.params_model.model_validate(params)
-            data = _load_datasets(dataset_ids)
-            result = kind.run(spec, data, progress)
-            status = "succeeded"
-        except JobCancelled:
-            status = "cancelled"
-        except (ValueError, ValidationError, KeyError, GPUUnavailableError) as exc:
-            error = {"type": type(exc).__name__, "message": str(exc)}
-        except MemoryError:
-            error = {"type": "OutOfMemory", "message": "the job needed more memory than the worker has"}
-        except Exception as exc:
-            log.error("job raised", job_id=job_id, traceback=traceback.format_exc())
-            error = {"type": type(exc).__name__, "message": str(exc) or "internal error in the kernel"}
+        status, result, error = _run_kind(job_id, kind_name, params, dataset_ids, device_error, progress)
     run_seconds = time.perf_counter() - started
+    if status == "stopping":
+        if hand_back(job_id, worker):
+            log.info("job handed back to the queue: worker stopping", job_id=job_id, run_seconds=round(run_seconds, 3))
+            return "queued"
+        status = "cancelled"  # not released: its cancel was requested meanwhile (or it is no longer ours)
     timings = {"queue_wait": queue_wait, "run": run_seconds}
     if result is not None and isinstance(result.get("timings"), dict):
         timings["stages"] = result["timings"]
@@ -109,6 +131,66 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> str | None:
     return status if finished else None
 
 
+def _run_kind(
+    job_id: str,
+    kind_name: str,
+    params: dict[str, Any],
+    dataset_ids: dict[str, str],
+    device_error: Exception | None,
+    progress: JobProgress,
+) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
+    """Run the claimed job's kernel: (status, result, error), where status "stopping" means this worker
+    began a warm shutdown and the job is to be handed back."""
+    try:
+        if device_error is not None:
+            raise device_error
+        if worker_stopping.is_set():  # the shutdown began between the message and the claim
+            raise WorkerStopping(f"worker stopping; job {job_id} goes back to the queue")
+        kind = get_kind(kind_name)
+        spec = kind.params_model.model_validate(params)
+        data = _load_datasets(dataset_ids)
+        return "succeeded", kind.run(spec, data, progress), None
+    except WorkerStopping:
+        return "stopping", None, None
+    except JobCancelled:
+        return "cancelled", None, None
+    except (ValueError, ValidationError, KeyError, GPUUnavailableError) as exc:
+        return "failed", None, {"type": type(exc).__name__, "message": str(exc)}
+    except MemoryError:
+        return "failed", None, {"type": "OutOfMemory", "message": "the job needed more memory than the worker has"}
+    except Exception as exc:
+        log.error("job raised", job_id=job_id, traceback=traceback.format_exc())
+        return "failed", None, {"type": type(exc).__name__, "message": str(exc) or "internal error in the kernel"}
+
+
+def hand_back(job_id: str, worker: str) -> bool:
+    """Release a job this stopping worker holds (running -> queued, the attempt given back) and send it
+    again at once, so the next worker on its queue runs it without waiting for the reaper."""
+    with session_scope() as session:
+        released = job_store.release(session, job_id, worker=worker, stage=REQUEUED_STAGE)
+        queue = session.scalar(select(Job.queue).where(Job.id == job_id)) if released else None
+    if not released:
+        return False
+    try:
+        enqueue_job(job_id, queue=queue)
+    except Exception:  # the row says it is queued and when it was sent: a reaper pass re-sends it later
+        log.error("could not re-send a released job", job_id=job_id, traceback=traceback.format_exc())
+    return True
+
+
+def pass_on(job_id: str) -> None:
+    """A stopping worker can still be handed a message (often the one its own hand-back just sent): send
+    it on to the job's queue unclaimed, for the next worker, instead of claiming and releasing the job."""
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.status != "queued":
+            return  # nothing to run here: a claim would have failed too
+        queue = job.queue
+        job_store.mark_enqueued(session, job_id)
+    enqueue_job(job_id, queue=queue)
+    log.info("worker stopping: passed a job's message on unclaimed", job_id=job_id)
+
+
 def _load_datasets(dataset_ids: dict[str, str]) -> dict[str, Any]:
     frames: dict[str, Any] = {}
     with session_scope() as session:
@@ -121,44 +203,98 @@ def _load_datasets(dataset_ids: dict[str, str]) -> dict[str, Any]:
 
 
 def reap_once() -> dict[str, int]:
-    """Rescue jobs whose worker stopped heartbeating; re-send lost messages for old queued jobs.
+    """Rescue jobs whose worker stopped heartbeating; re-send lost messages of this worker's queue.
 
-    A queued job older than the stale limit while this worker is idle has lost its message (an idle
-    worker would have taken it): sending another is harmless, since only one claim can win.
+    A stale running job goes back to its own queue (or fails once its attempts are spent). While this
+    worker has been idle for a reaper interval, a job queued on its queue whose last message is older than
+    the stale limit has lost that message (an idle worker would have taken it): it is sent once more and
+    its send time updated, so the next pass leaves it alone. Only one claim can win, so an extra message
+    is harmless anyway.
     """
     settings = get_settings()
     stale_after = timedelta(seconds=settings.stale_after_seconds)
     counts = {"requeued": 0, "failed": 0, "cancelled": 0, "resent": 0}
     with session_scope() as session:
         outcomes = [
-            (job.id, job_store.requeue_or_fail_stale(session, job, max_attempts=settings.max_attempts))
+            (job.id, job.queue, job_store.requeue_or_fail_stale(session, job, max_attempts=settings.max_attempts))
             for job in job_store.stale_running_jobs(session, stale_after=stale_after)
         ]
-        lost = [] if _busy.is_set() else job_store.queued_job_ids(session, older_than=stale_after)
-    for job_id, outcome in outcomes:
+    for job_id, queue, outcome in outcomes:
         if outcome is None:
             continue
         counts[outcome if outcome != "queued" else "requeued"] += 1
         log.warning("reaped job of a lost worker", job_id=job_id, outcome=outcome)
         if outcome == "queued":
-            enqueue_job(job_id)
-    for job_id in lost:
-        enqueue_job(job_id)
-        counts["resent"] += 1
+            enqueue_job(job_id, queue=queue or settings.queue)
+    # Idle for a whole reaper interval, not just between two jobs of a backlog: a waiting message would
+    # have been taken by now, so the queued jobs' messages are the lost ones.
+    if _activity.idle_for() >= settings.reaper_interval_seconds:
+        counts["resent"] = _resend_lost_messages(settings.queue, stale_after)
     return counts
 
 
-def _reaper_loop(interval: float) -> None:
+def _resend_lost_messages(queue: str, not_sent_for: timedelta) -> int:
+    with session_scope() as session:
+        candidates = job_store.queued_job_ids(session, queue=queue, not_sent_for=not_sent_for)
+    resent = 0
+    for job_id in candidates:
+        with session_scope() as session:
+            # Conditional: of several idle workers on this queue, one re-sends.
+            if not job_store.mark_resent(session, job_id, queue=queue, not_sent_for=not_sent_for):
+                continue
+        enqueue_job(job_id, queue=queue)
+        log.info("re-sent the message of a queued job", job_id=job_id, queue=queue)
+        resent += 1
+    return resent
+
+
+def _reaper_loop(interval: float, alive_file: Path | None) -> None:
     while True:
         time.sleep(interval)
         try:
             reap_once()
         except Exception:
             log.error("reaper pass failed", traceback=traceback.format_exc())
+            continue
+        if alive_file is not None:
+            touch(alive_file)  # the container healthcheck (worker.health) reads its age
+
+
+def refuse_to_start(reason: str) -> None:
+    """One line on the real stderr (Celery has not redirected it yet) and a non-zero exit."""
+    print(f"gpuest worker: refusing to start: {reason}", file=sys.__stderr__, flush=True)
+    raise SystemExit(EXIT_NOT_READY)
+
+
+@worker_init.connect
+def _prepare_worker(**_kwargs: Any) -> None:
+    """In the worker's main process before it consumes: logging, the schema check, the kernel modules."""
+    configure_worker_logging()
+    try:
+        ensure_migrated()
+    except SchemaNotMigratedError as exc:
+        refuse_to_start(str(exc))
+    except SQLAlchemyError as exc:
+        refuse_to_start(f"cannot read the database schema: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    # Import every kernel module now rather than inside the first job (seconds of SciPy and pandas imports
+    # that would otherwise count as that job's run time, in stage "starting").
+    registry()
+
+
+@worker_shutting_down.connect
+def _stop_running_job(**_kwargs: Any) -> None:
+    # Runs in the signal handler of the main process (the solo pool's job thread): only set a flag, which
+    # the job's next progress checkpoint turns into WorkerStopping.
+    worker_stopping.set()
 
 
 @worker_ready.connect
 def _start_reaper(**_kwargs: Any) -> None:
-    interval = get_settings().reaper_interval_seconds
-    threading.Thread(target=_reaper_loop, args=(interval,), name="gpuest-reaper", daemon=True).start()
-    log.info("worker ready", worker=WORKER_ID, device=device_label(get_namespace()))
+    settings = get_settings()
+    if settings.worker_alive_file is not None:
+        touch(settings.worker_alive_file)
+    threading.Thread(
+        target=_reaper_loop, args=(settings.reaper_interval_seconds, settings.worker_alive_file),
+        name="gpuest-reaper", daemon=True,
+    ).start()
+    log.info("worker ready", worker=WORKER_ID, device=device_label(get_namespace()), queue=settings.queue)

@@ -14,7 +14,15 @@ from api.problems import ProblemError, field_error
 from api.routes.jobs import jobs_using_dataset
 from api.schemas import DatasetOut, DatasetPage
 from api.uploads import ReceivedFile, receive_file
-from store.datasets import DatasetError, delete_dataset, detect_format, get_dataset, ingest, list_datasets
+from store.datasets import (
+    ColumnTypeError,
+    DatasetError,
+    delete_dataset,
+    detect_format,
+    get_dataset,
+    ingest,
+    list_datasets,
+)
 from store.db import session_scope
 from store.settings import Settings
 
@@ -47,7 +55,15 @@ def dataset_not_found(dataset_id: str) -> ProblemError:
     return ProblemError(404, f"no dataset with id {dataset_id!r}", slug="dataset-not-found")
 
 
-def _invalid_upload(message: str) -> ProblemError:
+def _invalid_upload(error: DatasetError) -> ProblemError:
+    message = str(error)
+    if isinstance(error, ColumnTypeError):
+        # Machine-readable too: a client can point at the cell.
+        return ProblemError(
+            422, f"{UPLOAD_FIELD}: {message}", slug="invalid-dataset", title="Invalid dataset",
+            errors=[field_error(UPLOAD_FIELD, message, type_="column_type")],
+            extensions={"column": error.column, "row": error.row, "value": error.value},
+        )
     return ProblemError(
         422, f"{UPLOAD_FIELD}: {message}", slug="invalid-dataset", title="Invalid dataset",
         errors=[field_error(UPLOAD_FIELD, message, type_="invalid_dataset")],
@@ -79,7 +95,8 @@ def delete_stored_file(path: str) -> None:
     responses={
         413: {"description": "Larger than max_upload_bytes"},
         415: {"description": "Not a multipart/form-data body"},
-        422: {"description": "Not a readable CSV or Parquet file (malformed, empty, no rows)"},
+        422: {"description": "Not a readable CSV or Parquet file (malformed, empty, no rows), or a CSV column of "
+                            "numbers with a stray non-numeric value (the problem names column, row and value)"},
     },
     summary="Upload a dataset",
 )
@@ -95,7 +112,7 @@ async def upload_dataset(request: Request, response: Response, owner: OwnerDep, 
             upload = received.path.rename(received.path.with_name(received.path.name + ".csv.gz"))
         dataset = await run_in_threadpool(_store, received, upload, owner)
     except DatasetError as exc:
-        raise _invalid_upload(str(exc)) from exc
+        raise _invalid_upload(exc) from exc
     finally:
         upload.unlink(missing_ok=True)
         received.path.unlink(missing_ok=True)

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.deps import OwnerDep, SessionDep
+from api.deps import OwnerDep, SessionDep, SettingsDep
 from api.pagination import LimitQuery, OffsetQuery, next_page
 from api.problems import ProblemError, field_error
 from api.schemas import ArtifactOut, JobOut, JobPage, JobStatus
@@ -66,13 +66,13 @@ def check_datasets(session: Session, owner: str, dataset_ids: Mapping[str, str])
         )
 
 
-def _enqueue(job_id: str) -> None:
+def _enqueue(job: Job) -> None:
     # The database is the truth and the broker a doorbell: if it is down the job stays queued and the
-    # worker's reaper re-sends it, so the client still gets its 202.
+    # worker's reaper re-sends it (its row says when the send was tried), so the client still gets its 202.
     try:
-        enqueue_job(job_id)
+        enqueue_job(job.id, queue=job.queue)
     except Exception:
-        log.exception("could not enqueue job; it stays queued for the reaper to re-send", job_id=job_id)
+        log.exception("could not enqueue job; it stays queued for the reaper to re-send", job_id=job.id)
 
 
 def build_router(kinds: Mapping[str, JobKind], job_request: Any) -> APIRouter:
@@ -91,6 +91,7 @@ def build_router(kinds: Mapping[str, JobKind], job_request: Any) -> APIRouter:
         response: Response,
         owner: OwnerDep,
         session: SessionDep,
+        settings: SettingsDep,
         idempotency_key: IdempotencyKeyHeader = None,
     ) -> JobOut:
         """Validate the spec against its kind, store the job as `queued` and ring the worker queue."""
@@ -101,7 +102,7 @@ def build_router(kinds: Mapping[str, JobKind], job_request: Any) -> APIRouter:
         stored_params = params.model_dump(mode="json")
         job, created = job_store.create_job(
             session, owner=owner, kind=kind.name, params=stored_params, dataset_ids=dataset_ids,
-            idempotency_key=idempotency_key,
+            idempotency_key=idempotency_key, queue=settings.queue,
         )
         if not created and (job.kind != kind.name or job.params != stored_params):
             raise ProblemError(
@@ -110,9 +111,13 @@ def build_router(kinds: Mapping[str, JobKind], job_request: Any) -> APIRouter:
                 errors=[field_error("Idempotency-Key", "already used with another spec", type_="idempotency_key_reused",
                                     location="header")],
             )
+        if not created and job.status == "queued":
+            # A retried POST re-rings the doorbell (the first message may be what got lost); the new send time
+            # keeps the reaper from sending yet another.
+            job_store.mark_enqueued(session, job.id)
         session.commit()
         if job.status == "queued":
-            _enqueue(job.id)
+            _enqueue(job)
         if created:
             log.info("job created", job_id=job.id, kind=job.kind, owner=owner)
         else:

@@ -76,10 +76,53 @@ def test_gzipped_csv_upload(client, alice) -> None:
     assert list((Path(get_settings().data_dir) / "uploads").glob("*")) == []
 
 
-def test_a_non_numeric_value_makes_the_column_a_string_in_the_schema(client, alice) -> None:
-    response = upload(client, alice, "mixed.csv", b"y,x\n1.0,1\n2.0,two\n3.0,3\n")
-    assert response.status_code == 201
-    assert response.json()["columns"] == [{"name": "y", "dtype": "double"}, {"name": "x", "dtype": "string"}]
+def _numbers_with(stray: dict[int, str], rows: int = 40) -> bytes:
+    """A CSV with columns y (all numbers) and x1 (numbers, except ``stray``: 1-based data row -> text)."""
+    lines = ["y,x1"] + [f"{row * 0.5},{stray.get(row, str(row * 1.25))}" for row in range(1, rows + 1)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize(
+    ("content", "column", "row", "value"),
+    [
+        pytest.param(b"y,x\n1.0,1\n2.0,two\n3.0,3\n", "x", 2, "two", id="one-of-three"),
+        pytest.param(_numbers_with({17: "abc"}), "x1", 17, "abc", id="one-stray-value"),
+        pytest.param(_numbers_with({5: "n/a?", 30: "oops"}), "x1", 5, "n/a?", id="first-of-two"),
+        pytest.param(_numbers_with({row: "-" for row in range(3, 40, 10)}, rows=200), "x1", 3, "-",
+                     id="four-in-two-hundred"),
+    ],
+)
+def test_a_stray_value_in_a_numeric_csv_column_is_a_422_naming_column_row_and_value(
+    client, alice, content, column, row, value
+) -> None:
+    problem = assert_problem(upload(client, alice, "mixed.csv", content), 422)
+    assert f"column {column}: value {value!r} in row {row} is not a number" in problem["detail"]
+    assert (problem["column"], problem["row"], problem["value"]) == (column, row, value)
+    assert problem["errors"][0]["field"] == "file" and problem["errors"][0]["type"] == "column_type"
+    assert_nothing_stored()
+
+
+def test_text_columns_stay_text(client, alice) -> None:
+    regions = "\n".join(f"{i},{'abc'[i % 3]},{'abcdefgh'[i % 8]}{i}" for i in range(30))
+    content = f"y,region,code\n{regions}\n5,7,z\n".encode()  # one numeric-looking region among 31 letters
+    response = upload(client, alice, "regions.csv", content)
+    assert response.status_code == 201, response.text
+    assert response.json()["columns"] == [{"name": "y", "dtype": "int64"}, {"name": "region", "dtype": "string"},
+                                          {"name": "code", "dtype": "string"}]
+
+
+def test_empty_cells_in_a_numeric_column_are_missing_values_not_text(client, alice) -> None:
+    response = upload(client, alice, "gaps.csv", b"y,x\n1.0,1.5\n2.0,\n3.0,NA\n4.0,2.5\n")
+    assert response.status_code == 201, response.text
+    assert response.json()["columns"] == [{"name": "y", "dtype": "double"}, {"name": "x", "dtype": "double"}]
+
+
+def test_a_parquet_text_column_of_digits_keeps_the_type_its_writer_chose(client, alice) -> None:
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"zip": ["02139", "10001", "x"]}), buffer)
+    response = upload(client, alice, "zips.parquet", buffer.getvalue(), "application/vnd.apache.parquet")
+    assert response.status_code == 201, response.text
+    assert response.json()["columns"] == [{"name": "zip", "dtype": "string"}]
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,10 @@ def test_create_answers_202_with_location_and_rings_the_broker(client, alice, ap
     assert job["params"]["test"] == "crv1"  # defaults are recorded with the job
     assert job["created_at"].endswith(("Z", "+00:00"))
     assert broker_message_count(api_env) == 1
+    with session_scope() as session:
+        row = session.get(Job, job["id"])
+        # What the reaper needs to re-send a lost message: the queue it went to and when.
+        assert row.queue == api_env["GPUEST_QUEUE"] and row.enqueued_at is not None
 
     fetched = client.get(response.headers["location"], headers=alice)
     assert fetched.status_code == 200

@@ -58,3 +58,32 @@ def test_the_banner_hides_database_passwords(tmp_path: Path, monkeypatch: pytest
     text = "\n".join(banner(stack))
     assert "secret" not in text and "postgresql+psycopg://u:***@db/gpuest" in text
     assert "auth: OFF" in text and "curl -s -X POST http://127.0.0.1:8000/v1/jobs" in text
+
+
+def test_stop_says_when_a_child_had_to_be_killed_after_the_grace_period(tmp_path: Path) -> None:
+    import os
+    import sys
+    import time
+
+    from cli.serve import EmbeddedStack, ManagedProcess
+
+    # Stand-ins: an API that stops on SIGTERM, and a worker that ignores it (a kernel deaf to checkpoints).
+    polite = "import time; print('up', flush=True); time.sleep(60)"
+    stubborn = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + polite
+    env = dict(os.environ)
+    api = ManagedProcess("API", [sys.executable, "-c", polite], env, tmp_path, tmp_path / "api.log")
+    worker = ManagedProcess("worker", [sys.executable, "-c", stubborn], env, tmp_path, tmp_path / "worker.log")
+    messages: list[str] = []
+    stack = EmbeddedStack(base_url="", data_dir=tmp_path, env={}, api=api, worker=worker, say=messages.append)
+    api.start()
+    worker.start()
+    deadline = time.monotonic() + 30
+    while "up" not in worker.log_tail() or "up" not in api.log_tail():  # the worker ignores SIGTERM from here on
+        assert time.monotonic() < deadline, "the stand-in children did not start"
+        time.sleep(0.05)
+    stack.stop(grace=0.5)
+    assert api.exit_code() == -15 and worker.exit_code() == -9
+    assert messages == [
+        f"gpuest: the worker process (pid {worker.pid}) did not stop within 0.5 s; killed it (a job it was running "
+        "stays 'running' until a worker's reaper re-queues it)"
+    ]

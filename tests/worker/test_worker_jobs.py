@@ -3,7 +3,9 @@ worker process killed with SIGKILL in the middle of a job."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -15,6 +17,7 @@ from kernels.registry import get_kind
 from store import jobs as job_store
 from store.db import session_scope
 from store.models import Job, utcnow
+from store.settings import get_settings
 from tests.worker.conftest import wait_for
 from worker.dispatch import enqueue_job
 from worker.tasks import execute_job, reap_once
@@ -24,9 +27,11 @@ SMALL = {"n_clusters": 20, "cluster_size": 10, "n_regressors": 3, "replications"
 LONG = {"n_clusters": 50, "cluster_size": 30, "n_regressors": 3, "replications": 4000, "seed": 12}
 
 
-def submit(params: dict[str, Any], kind: str = "crve_montecarlo") -> str:
+def submit(params: dict[str, Any], kind: str = "crve_montecarlo", queue: str | None = None) -> str:
     with session_scope() as session:
-        job, _ = job_store.create_job(session, owner="tester", kind=kind, params=params, dataset_ids={})
+        job, _ = job_store.create_job(
+            session, owner="tester", kind=kind, params=params, dataset_ids={}, queue=queue or get_settings().queue
+        )
         return job.id
 
 
@@ -65,12 +70,28 @@ def test_second_delivery_of_a_finished_job_does_nothing(stack_env: dict[str, str
     assert (again.attempts, again.worker, again.result) == (1, "w1", first.result)
 
 
-def test_kernel_error_fails_the_job_with_a_readable_reason(stack_env: dict[str, str]) -> None:
-    job_id = submit({**SMALL, "n_clusters": 2, "cluster_size": 1, "n_regressors": 3})
+@pytest.mark.parametrize(
+    ("raised", "error_type"),
+    [(ValueError("n_regressors=3 needs more observations"), "ValueError"),
+     (ZeroDivisionError("float division by zero"), "ZeroDivisionError")],
+)
+def test_kernel_error_fails_the_job_with_a_readable_reason(
+    stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, raised: Exception, error_type: str
+) -> None:
+    # A runner that raises after its first checkpoint (a stand-in kernel: which inputs a real kernel
+    # refuses is the kernel's business; what the worker does with the exception is this test's).
+    real = get_kind("crve_montecarlo")
+
+    def failing_run(params: Any, data: Any, progress: Any) -> dict[str, Any]:
+        progress(0.0, "starting the kernel")
+        raise raised
+
+    monkeypatch.setattr("worker.tasks.get_kind", lambda name: dataclasses.replace(real, run=failing_run))
+    job_id = submit(SMALL)
     assert execute_job(job_id, worker="w1") == "failed"
     job = load(job_id)
-    assert job.error is not None and job.error["type"] == "ValueError"
-    assert "n_regressors" in job.error["message"] and job.result is None
+    assert job.error == {"type": error_type, "message": str(raised)} and job.result is None
+    assert job.status == "failed" and job.finished_at is not None
 
 
 def test_invalid_stored_params_fail_instead_of_crashing(stack_env: dict[str, str]) -> None:
@@ -123,6 +144,73 @@ def test_reaper_requeues_a_silent_job_then_fails_it_when_attempts_are_spent(stac
     assert reap_once()["failed"] == 1
     job = load(doomed)
     assert job.status == "failed" and job.error["type"] == "WorkerLost"
+
+
+def _messages_waiting(queue: str) -> int:
+    from kombu import Connection
+
+    from worker.celery_app import transport_options
+
+    settings = get_settings()
+    with Connection(settings.resolved_broker_url(), transport_options=transport_options(settings)) as connection:
+        return int(connection.default_channel.queue_declare(queue=queue, durable=True).message_count)
+
+
+def _set_times(job_id: str, **values: Any) -> None:
+    with session_scope() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(**values))
+
+
+def test_reaper_resends_only_its_own_queues_jobs_whose_last_send_is_stale(stack_env: dict[str, str]) -> None:
+    own, other = stack_env["GPUEST_QUEUE"], f"{stack_env['GPUEST_QUEUE']}-other"
+    long_ago = utcnow() - timedelta(hours=1)
+    lost = submit(SMALL)
+    _set_times(lost, created_at=long_ago, enqueued_at=long_ago)
+    recently_sent = submit(SMALL)
+    _set_times(recently_sent, created_at=long_ago)  # old, but its message went out just now
+    elsewhere = submit(SMALL, queue=other)
+    _set_times(elsewhere, created_at=long_ago, enqueued_at=long_ago)
+    from_before_0002 = submit(SMALL)  # no queue, no send time: the one queue, sent when created
+    _set_times(from_before_0002, created_at=long_ago, enqueued_at=None, queue=None)
+
+    assert reap_once()["resent"] == 2
+    assert _messages_waiting(own) == 2 and _messages_waiting(other) == 0
+    assert load(from_before_0002).queue == own
+    assert load(lost).enqueued_at.replace(tzinfo=None) > long_ago.replace(tzinfo=None) + timedelta(minutes=59)
+    assert load(elsewhere).enqueued_at.replace(tzinfo=None) == long_ago.replace(tzinfo=None)
+    # The next passes leave it alone: its new message has the stale limit to be taken.
+    assert reap_once()["resent"] == 0 and reap_once()["resent"] == 0
+    assert _messages_waiting(own) == 2
+    assert execute_job(lost, worker="w1") == "succeeded"
+
+
+def test_reaper_resends_nothing_while_its_worker_runs_or_just_ran_a_job(
+    stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker import tasks
+
+    activity = tasks.Activity()
+    monkeypatch.setattr(tasks, "_activity", activity)
+    waiting = submit(SMALL)  # behind a long job, say: its message is not lost, only not taken yet
+    long_ago = utcnow() - timedelta(hours=1)
+    _set_times(waiting, created_at=long_ago, enqueued_at=long_ago)
+    activity.started()
+    assert reap_once()["resent"] == 0
+    activity.finished()  # between two jobs of a backlog: the worker is about to take the next message
+    assert reap_once()["resent"] == 0
+    time.sleep(float(stack_env["GPUEST_REAPER_INTERVAL_SECONDS"]))
+    assert reap_once()["resent"] == 1
+
+
+def test_reaper_requeues_a_stale_job_on_the_jobs_own_queue(stack_env: dict[str, str]) -> None:
+    own, other = stack_env["GPUEST_QUEUE"], f"{stack_env['GPUEST_QUEUE']}-other"
+    job_id = submit(SMALL, queue=other)
+    _make_stale(job_id, attempts=1)
+    before = utcnow()
+    assert reap_once()["requeued"] == 1
+    job = load(job_id)
+    assert job.status == "queued" and job.enqueued_at.replace(tzinfo=None) >= before.replace(tzinfo=None)
+    assert _messages_waiting(other) == 1 and _messages_waiting(own) == 0
 
 
 @pytest.mark.slow

@@ -25,7 +25,21 @@ per draw.
 Conventions as the peers (wildboottest, fwildclusterboot, pyfixest): two-tailed p = share of draws with
 |t*| > |t| over B (strict, the original draw not added); equal-tailed 2 min(P(t* > t), P(t* < t));
 ">" P(t* > t); "<" P(t* < t); the same small-sample factor in t and t*; full enumeration of the 2^H
-Rademacher sign vectors when 2^H < B.
+Rademacher sign vectors when 2^H < B. Ties: "strict" is read in exact arithmetic: a draw whose t* equals t
+up to rounding (relative TIE_RTOL) does not exceed it (see ``_exceed``). The peers compare the computed
+numbers, so draws that tie exactly (the all-ones and, with Rademacher, all-minus-ones draws under WCR) count
+or not by rounding noise there; with enumeration the p-values can then differ by up to 2 / 2^H. Without
+exact ties the two agree.
+
+Small-sample factor with an absorbed fixed effect of F levels (fixest's default ``ssc(fixef.K = "nested")``):
+G/(G-1) (N-1)/(N-k) with k = the regressors plus F when the fixed effect crosses the variance clusters (as
+OLS on explicit dummies counts them, e.g. statsmodels), the regressors alone when every level lies within
+one variance cluster (nested: fixest does not count them). The nested case's SE is therefore the dummy
+regression's SE times sqrt((N - k_x - F) / (N - k_x)), k_x the regressors.
+
+Confidence interval: {r : p(r) > sign_level} by test inversion (``_PValueCurve``), for every p-value type
+and level: [lower, upper] for two- and equal-tailed, [lower, inf) for ">", (-inf, upper] for "<" (at a
+level above about 1/2 a one-sided set lies beyond the estimate).
 """
 
 from __future__ import annotations
@@ -44,7 +58,7 @@ from kernels.crve.weights import draw_weights, enumerated_weights, use_enumerati
 
 P_VALUE_TYPES = ("two-tailed", "equal-tailed", ">", "<")
 T_QUANTILES = (0.005, 0.025, 0.05, 0.10, 0.25, 0.5, 0.75, 0.90, 0.95, 0.975, 0.995)
-# Draws whose |t*| equals |t| up to this relative rounding are ties, not exceedances (see _exceed).
+# Draws whose t* (|t*|) equals t (|t|) up to this relative rounding are ties, not exceedances (see _exceed).
 TIE_RTOL = 1e-12
 
 
@@ -223,13 +237,16 @@ class _Operator:
 
 
 def _exceed(xp: ModuleType, boot: Any, stat: Any) -> Any:
-    """boot > stat, strictly: a draw within rounding of the statistic counts as a tie, not an exceedance.
+    """boot > stat, strictly, read in exact arithmetic: a draw within rounding of the statistic is a tie.
 
-    Under WCR the all-ones draw reproduces the sample exactly (t* = t in exact arithmetic) and, with
-    Rademacher weights, the all-minus-ones draw gives t* = -t; rounding alone must not decide whether they
-    count.
+    Ties count as *not* exceeding: boot exceeds stat only when boot > stat + TIE_RTOL max(|stat|, |boot|, 1).
+    Under WCR the all-ones draw reproduces the sample exactly (t* = t in exact arithmetic, at every null
+    value) and, with Rademacher weights, the all-minus-ones draw gives t* = -t; computed, they differ from
+    +-t by rounding only, which must not decide whether they count. The floor 1 makes t = 0 (the null at
+    the estimate) no exception: there a draw with t* = 0 in exact arithmetic computes to rounding noise.
     """
-    return boot > stat + TIE_RTOL * xp.maximum(xp.abs(stat), xp.abs(boot))
+    scale = xp.maximum(xp.maximum(xp.abs(stat), xp.abs(boot)), 1.0)
+    return boot > stat + TIE_RTOL * scale
 
 
 def p_values_from(xp: ModuleType, t_boot: Any, t_stat: Any) -> dict[str, Any]:
@@ -429,8 +446,31 @@ def wild_cluster_bootstrap(
     )
 
 
+class EmptyConfidenceSet(ValueError):
+    """No null value has a bootstrap p-value above the level: the confidence set is empty."""
+
+
+# The two ends of the confidence set {r : p(r) > level} per p-value type: (tail, share of the level) of the
+# lower and of the upper bound, None where that end is unbounded. "two": |t*| > |t|; "above": t* > t (p_>
+# rises with r); "below": t* < t (p_< falls with r). Equal-tailed: 2 min(p_>, p_<) > level exactly when
+# p_> > level / 2 and p_< > level / 2 (halving is exact in binary floating point), so its lower end is
+# where p_> crosses level / 2 and its upper end where p_< does.
+_CI_TAILS: dict[str, tuple[tuple[str, float] | None, tuple[str, float] | None]] = {
+    "two-tailed": (("two", 1.0), ("two", 1.0)),
+    "equal-tailed": (("above", 0.5), ("below", 0.5)),
+    ">": (("above", 1.0), None),
+    "<": (None, ("below", 1.0)),
+}
+
+
 class _PValueCurve:
-    """The bootstrap p-value as a function of the null value r, from five numbers per draw."""
+    """The bootstrap p-value as a function of the null value r, from five numbers per draw.
+
+    The confidence set is {r : p(r) > level} (the null values the test does not reject), inverted tail by
+    tail (``_CI_TAILS``). p(r) is a step function of r: it changes only where one draw's comparison with
+    the statistic flips, t*_b(r) = t(r) (or |t*_b(r)| = |t(r)|), and each bound is such a crossing, solved
+    to machine precision.
+    """
 
     def __init__(
         self,
@@ -469,64 +509,77 @@ class _PValueCurve:
             sumsq = max(self.sumsq[b] - 2 * d * self.cross[b] + d * d * self.sumsq1[b], 0.0)
         return numer / math.sqrt(self.factor * sumsq) if sumsq > 0 else math.copysign(math.inf, numer)
 
-    def _indicators(self, r: float) -> tuple[float, np.ndarray]:
-        """The p-value at r and the per-draw comparisons it counts."""
+    def _tail(self, tail: str, r: float) -> tuple[float, np.ndarray]:
+        """The tail's p-value at r and the per-draw comparisons it counts."""
         t_boot, t_stat = self.t_boot(r), (self.estimate - r) / self.se
-        if self.p_val_type == "two-tailed":
+        if tail == "two":
             flags = _exceed(np, np.abs(t_boot), abs(t_stat))
-            return float(flags.mean()), flags
-        above, below = _exceed(np, t_boot, t_stat), _exceed(np, -t_boot, -t_stat)
-        if self.p_val_type == ">":
-            return float(above.mean()), above
-        if self.p_val_type == "<":
-            return float(below.mean()), below
-        return float(2 * min(above.mean(), below.mean())), np.stack([above, below])
+        elif tail == "above":
+            flags = _exceed(np, t_boot, t_stat)
+        else:
+            flags = _exceed(np, -t_boot, -t_stat)
+        return float(flags.mean()), flags
 
-    def p_value(self, r: float) -> float:
-        return self._indicators(r)[0]
-
-    def _crossing(self, b: int, inside: float, outside: float) -> float | None:
+    def _crossing(self, tail: str, b: int, inside: float, outside: float) -> float | None:
         """Where draw b's comparison with the statistic flips between ``inside`` and ``outside`` (a root)."""
 
         def gap(r: float) -> float:
             t_stat, t_b = (self.estimate - r) / self.se, self._draw_t(r, b)
-            return abs(t_stat) - abs(t_b) if self.p_val_type == "two-tailed" else t_stat - t_b
+            return abs(t_stat) - abs(t_b) if tail == "two" else t_stat - t_b
 
         low, high = gap(inside), gap(outside)
         if not (math.isfinite(low) and math.isfinite(high)) or low * high > 0:
             return None
         return float(optimize.brentq(gap, inside, outside, xtol=1e-15 * max(abs(inside), abs(outside), 1.0)))
 
-    def _bound(self, level: float, direction: float, step: float) -> float | None:
-        """The null value where the p-value falls to ``level``, searching from the estimate outwards.
+    def _bound(self, tail: str, level: float, direction: float, step: float) -> float | None:
+        """The end of {r : p_tail(r) > level} on the ``direction`` side (-1 lower, +1 upper); None: unbounded.
 
-        Doubling steps bracket the bound; bisection narrows the bracket until a single draw's comparison
-        with the statistic flips inside it; that draw's crossing, t(r) = t*_b(r) (or |t| = |t*_b|), is then
-        solved to machine precision. The p-value is a step function of r: this crossing is the bound.
+        From the estimate, doubling steps bracket the crossing: outwards while p_tail > level there (the
+        usual case), inwards while p_tail <= level there (a one-sided tail at a level above its p-value at
+        the estimate, about 1/2: the confidence set then lies beyond the estimate). Bisection narrows the
+        bracket until a single draw's comparison flips inside it; that draw's crossing is the bound.
         """
-        inside = self.estimate
-        flags_inside = self._indicators(inside)[1]
-        outside = flags_outside = None
+        p_start, flags_start = self._tail(tail, self.estimate)
+        accepted_at_start = p_start > level
+        if not accepted_at_start and tail == "two":
+            # |t| = 0 at the estimate: p_two is the share of draws with t* != 0, its largest value.
+            raise EmptyConfidenceSet(
+                f"conf_int: the bootstrap p-value is {p_start:.6g} <= sign_level={level:g} even at the estimate, "
+                "so no null value is accepted (too few distinct bootstrap draws for this level); lower "
+                "sign_level or set conf_int to false"
+            )
+        march = direction if accepted_at_start else -direction
+        last, flags_last = self.estimate, flags_start
+        found = None
         for doubling in range(64):
-            candidate = self.estimate + direction * step * 2.0**doubling
-            p_candidate, flags_candidate = self._indicators(candidate)
-            if p_candidate <= level:
-                outside, flags_outside = candidate, flags_candidate
+            candidate = self.estimate + march * step * 2.0**doubling
+            p_candidate, flags_candidate = self._tail(tail, candidate)
+            if (p_candidate > level) != accepted_at_start:
+                found = candidate, flags_candidate
                 break
-            inside, flags_inside = candidate, flags_candidate
-        if outside is None:
-            return None
+            last, flags_last = candidate, flags_candidate
+        if found is None:
+            if accepted_at_start:
+                return None  # accepted however far out: unbounded on this side
+            raise EmptyConfidenceSet(
+                f"conf_int: no null value has a bootstrap p-value ({tail} tail) above {level:g}; lower sign_level "
+                "or set conf_int to false"
+            )
+        if accepted_at_start:
+            (inside, flags_inside), (outside, flags_outside) = (last, flags_last), found
+        else:
+            (inside, flags_inside), (outside, flags_outside) = found, (last, flags_last)
         for _ in range(200):
-            changed = flags_inside != flags_outside
-            flipped = np.flatnonzero(changed if changed.ndim == 1 else changed.any(axis=0))
+            flipped = np.flatnonzero(flags_inside != flags_outside)
             if flipped.size == 1:
-                root = self._crossing(int(flipped[0]), inside, outside)
+                root = self._crossing(tail, int(flipped[0]), inside, outside)
                 if root is not None:
                     return root
             middle = 0.5 * (inside + outside)
             if middle in (inside, outside):
                 break
-            p_middle, flags_middle = self._indicators(middle)
+            p_middle, flags_middle = self._tail(tail, middle)
             if p_middle <= level:
                 outside, flags_outside = middle, flags_middle
             else:
@@ -534,9 +587,17 @@ class _PValueCurve:
         return 0.5 * (inside + outside)
 
     def confidence_interval(self, level: float, critical: float) -> tuple[float | None, float | None]:
+        """[lower, upper] of {r : p(r) > level}; None: unbounded on that side."""
         step = max(critical, 1.0) * self.se
-        lower = None if self.p_val_type == "<" else self._bound(level, -1.0, step)
-        upper = None if self.p_val_type == ">" else self._bound(level, +1.0, step)
+        ends = []
+        for spec, direction in zip(_CI_TAILS[self.p_val_type], (-1.0, 1.0), strict=True):
+            ends.append(None if spec is None else self._bound(spec[0], spec[1] * level, direction, step))
+        lower, upper = ends
+        if lower is not None and upper is not None and lower > upper:
+            raise EmptyConfidenceSet(
+                f"conf_int: the equal-tailed confidence set at sign_level={level:g} is empty (lower end {lower:.6g} "
+                f"above upper end {upper:.6g}); lower sign_level or set conf_int to false"
+            )
         return lower, upper
 
 

@@ -2,6 +2,12 @@
 
 ``"y ~ x1 + x2"`` has an intercept, ``"y ~ x1 + x2 - 1"`` none, ``"y ~ x1 + x2 | fe"`` absorbs the one-way
 fixed effect ``fe`` (the intercept then goes into it), as in pyfixest and fixest.
+
+With an absorbed fixed effect the design is built *with* the intercept, so that formulaic encodes
+categorical terms such as ``C(region)`` with reduced-rank (treatment) contrasts, one reference level
+dropped; then the Intercept column is removed, being spanned by the fixed effect's dummies. Built without
+the intercept, ``C(region)`` would get a column for every level, whose sum is the constant: collinear with
+the fixed effect once demeaned (pyfixest drops the reference level the same way).
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from formulaic import Formula, model_matrix
+
+INTERCEPT = "Intercept"  # formulaic's name of the intercept column
 
 
 @dataclass
@@ -69,7 +77,7 @@ def design_from_formula(
         raise ValueError(f"formula: columns {missing} are not in the dataset (columns: {list(frame.columns)})")
     _check_finite(frame, required)
     if fe_name is not None:
-        main = main + " - 1"  # the fixed effect absorbs the intercept
+        main = main + " + 1"  # reduced-rank contrasts; the Intercept column is dropped below
     try:
         matrices = model_matrix(main, frame, na_action="raise")
     except Exception as error:
@@ -77,6 +85,8 @@ def design_from_formula(
     if not hasattr(matrices, "lhs") or matrices.lhs.shape[1] != 1:
         raise ValueError(f"formula: {formula!r} needs exactly one dependent variable left of '~'")
     x_frame = matrices.rhs
+    if fe_name is not None:
+        x_frame = x_frame.drop(columns=[INTERCEPT])  # spanned by the fixed effect
     if x_frame.shape[1] == 0:
         raise ValueError(f"formula: {formula!r} has no regressors")
     x = np.ascontiguousarray(x_frame.to_numpy(dtype=np.float64))

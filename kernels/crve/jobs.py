@@ -34,16 +34,8 @@ def _levels(values: dict[float, float]) -> dict[str, float]:
 
 
 def run_montecarlo(params: MonteCarloParams, data: Mapping[str, Any], progress: Progress) -> dict[str, Any]:
-    if params.test_coefficient >= params.n_regressors:
-        raise ValueError(
-            f"test_coefficient={params.test_coefficient} must be a slope index below n_regressors="
-            f"{params.n_regressors} (0 is the intercept)"
-        )
+    # test_coefficient < n_regressors < n_obs <= MAX_OBS_PER_REPLICATION: checked by MonteCarloParams.
     n_obs = params.n_clusters * params.cluster_size
-    if n_obs <= params.n_regressors:
-        raise ValueError(
-            f"n_clusters * cluster_size = {n_obs} observations cannot identify n_regressors={params.n_regressors}"
-        )
     xp = get_namespace()
     timer = StageTimer(xp)
     design = mc.Design(params.n_clusters, params.cluster_size, params.n_regressors, params.seed)

@@ -11,7 +11,7 @@ import statsmodels.formula.api as smf
 from pydantic import ValidationError
 
 from kernels.crve.bootstrap import BootstrapData, BootstrapOptions, wild_cluster_bootstrap
-from kernels.crve.spec import BootstrapParams
+from kernels.crve.spec import BootstrapParams, SyntheticDataset
 from kernels.crve.synthetic import synthetic_columns
 from kernels.progress import LocalProgress
 from kernels.registry import get_kind
@@ -62,6 +62,37 @@ def test_no_intercept_and_absorbed_fixed_effect() -> None:
     assert absorbed["estimate"] == pytest.approx(dummies.params["x1"], rel=1e-10)
     assert absorbed["fixed_effect"] == {"name": "fe", "levels": 6, "nested_in_cluster": False}
     assert absorbed["n_params_ssc"] == 2 + 6
+
+
+@pytest.mark.parametrize("formula", ["y ~ x1 + C(region3) + x2 | fe", "y ~ x1 + C(region3) + x2 - 1 | fe"])
+def test_categorical_regressor_with_absorbed_fixed_effect_equals_explicit_dummies(formula: str) -> None:
+    # C(region3) drops its reference level (formulaic's contrasts with an intercept, the Intercept then
+    # absorbed), as pyfixest does; every level would be collinear with the fixed effect.
+    frame = _frame()
+    frame["region3"] = np.array(["a", "b", "c"])[frame["cluster"] % 3]  # crosses the fixed effect fe
+    result = _run(frame, formula=formula, conf_int=False)
+    names = [row["name"] for row in result["coefficients"]]
+    assert names == ["x1", "C(region3)[T.b]", "C(region3)[T.c]", "x2"]
+    # Brute force: OLS on explicit region and fixed-effect dummies, CRV1 with every column counted (the fixed
+    # effect crosses the clusters: n_params_ssc = 3 + 1 + 6 columns).
+    n_obs, n_fe = len(frame), 6
+    design = np.column_stack(
+        [frame["x1"], frame["region3"] == "b", frame["region3"] == "c", frame["x2"]]
+        + [frame["fe"] == level for level in range(n_fe)]
+    ).astype(float)
+    inverse = np.linalg.inv(design.T @ design)
+    beta = inverse @ design.T @ frame["y"].to_numpy()
+    residual = frame["y"].to_numpy() - design @ beta
+    codes = frame["cluster"].to_numpy()
+    scores = np.stack([design[codes == g].T @ residual[codes == g] for g in range(20)])
+    k = design.shape[1]
+    factor = 20 / 19 * (n_obs - 1) / (n_obs - k)
+    se = np.sqrt(factor * np.diag(inverse @ scores.T @ scores @ inverse))
+    assert result["n_params_ssc"] == k == 10
+    for index, row in enumerate(result["coefficients"]):
+        assert row["estimate"] == pytest.approx(beta[index], rel=1e-10, abs=1e-12)
+        assert row["se"] == pytest.approx(se[index], rel=1e-10)
+    assert result["estimate"] == pytest.approx(beta[0], rel=1e-10) and result["se"] == pytest.approx(se[0], rel=1e-10)
 
 
 def test_bootcluster_enumeration_and_wcu() -> None:
@@ -135,3 +166,34 @@ def test_params_are_validated(change: dict, field: str) -> None:
     params.update(change)
     with pytest.raises(ValidationError, match=field):
         BootstrapParams.model_validate(params)
+
+
+@pytest.mark.parametrize(
+    ("synthetic", "loc"),
+    [
+        ({"n_obs": 100, "n_clusters": 101}, ("n_clusters",)),
+        ({"n_obs": 100, "n_clusters": 10, "n_fe": 101}, ("n_fe",)),
+        ({"n_obs": 20_000_000, "n_clusters": 10, "n_regressors": 9}, ("n_regressors",)),  # 220,000,000 values
+        ({"n_obs": 10_000_000, "n_clusters": 10, "n_regressors": 19}, ("n_regressors",)),  # 210,000,000
+    ],
+)
+def test_synthetic_cross_field_bounds_name_the_field(synthetic: dict, loc: tuple) -> None:
+    with pytest.raises(ValidationError) as caught:
+        SyntheticDataset.model_validate(synthetic)
+    assert [error["loc"] for error in caught.value.errors()] == [loc]
+    # Inside a job spec the location is the nested field, as the API's 422 names it.
+    spec = {"synthetic": synthetic, "formula": "y ~ x1", "cluster": "cluster", "param": "x1"}
+    with pytest.raises(ValidationError) as caught:
+        BootstrapParams.model_validate(spec)
+    assert [error["loc"] for error in caught.value.errors()] == [("synthetic", *loc)]
+
+
+@pytest.mark.parametrize(
+    "synthetic",
+    [
+        {"n_obs": 100, "n_clusters": 100, "n_fe": 100},
+        {"n_obs": 20_000_000, "n_clusters": 1000, "n_regressors": 8},  # exactly 200,000,000 values
+    ],
+)
+def test_synthetic_bounds_accept_their_limits(synthetic: dict) -> None:
+    assert SyntheticDataset.model_validate(synthetic).n_obs == synthetic["n_obs"]

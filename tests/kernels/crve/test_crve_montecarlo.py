@@ -119,11 +119,48 @@ def test_params_are_bounded(field: str, value: object) -> None:
         MonteCarloParams.model_validate(params)
 
 
-def test_runtime_errors_name_the_parameter() -> None:
-    with pytest.raises(ValueError, match="test_coefficient"):
-        _run(test_coefficient=3)
-    with pytest.raises(ValueError, match="n_regressors"):
-        _run(n_clusters=2, cluster_size=1, n_regressors=3)
+_VALID = {"n_clusters": 20, "cluster_size": 10, "n_regressors": 3, "replications": 300}
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"test_coefficient": 3}, "test_coefficient"),  # n_regressors = 3: slopes 1 and 2
+        ({"n_regressors": 32, "test_coefficient": 31, "n_clusters": 2, "cluster_size": 16}, "n_regressors"),
+        ({"n_clusters": 2, "cluster_size": 1, "n_regressors": 2}, "n_regressors"),  # 2 observations, 2 parameters
+        ({"n_clusters": 100_000, "cluster_size": 100_000}, "cluster_size"),  # accepted before, OOM at run time
+        ({"n_clusters": 1_000, "cluster_size": 10_001}, "cluster_size"),  # 10,001,000 observations
+        ({"test": "wild_bootstrap", "n_clusters": 1_000, "bootstrap_reps": 50_001}, "bootstrap_reps"),
+        ({"test": "wild_bootstrap", "n_clusters": 100_000, "cluster_size": 2}, "bootstrap_reps"),  # default B 999
+    ],
+)
+def test_cross_field_bounds_name_the_field(change: dict, field: str) -> None:
+    params = {**_VALID, **change}
+    with pytest.raises(ValidationError) as caught:
+        MonteCarloParams.model_validate(params)
+    errors = caught.value.errors()
+    assert [error["loc"] for error in errors] == [(field,)]
+    assert errors[0]["type"] == "value_error"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"test_coefficient": 2},
+        {"n_clusters": 2, "cluster_size": 2, "n_regressors": 3, "test_coefficient": 2},  # 4 observations > 3
+        {"n_clusters": 1_000, "cluster_size": 10_000},  # exactly 10,000,000 observations
+        {"test": "wild_bootstrap", "n_clusters": 1_000, "bootstrap_reps": 50_000},  # exactly 50,000,000
+        {"n_clusters": 100_000, "cluster_size": 2},  # CRV1: B is not used
+    ],
+)
+def test_cross_field_bounds_accept_their_limits(change: dict) -> None:
+    params = MonteCarloParams.model_validate({**_VALID, **change})
+    assert params.n_clusters * params.cluster_size > params.n_regressors > params.test_coefficient
+
+
+def test_smallest_identified_design_runs() -> None:
+    result = _run(n_clusters=2, cluster_size=2, n_regressors=3, test_coefficient=2, replications=5)
+    assert result["n_obs"] == 4 and result["replications"] == 5
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ modes=${*:-tests gpu-small gpu-large}
 for mode in $modes; do
     start=$(date +%s)
     case $mode in
-        tests) timeout 110 python3 -m pytest tests/kernels/sccs/test_sccs_gpu.py -q -p no:cacheprovider -x \
-                   -o addopts="" 2>&1 | tee "$OUT/gpu_tests.log" ;;
+        tests) timeout 240 python3 -m pytest tests/kernels/sccs/test_sccs_gpu.py -q -p no:cacheprovider -rfEs \
+                   -o addopts="" --durations=5 2>&1 | tee "$OUT/gpu_tests.log" ;;
         numpy-large) timeout 260 python3 bench/sccs_bench.py "$mode" 2>&1 | tee "$OUT/bench_$mode.log" ;;
         *) timeout 140 python3 bench/sccs_bench.py "$mode" 2>&1 | tee "$OUT/bench_$mode.log" ;;
     esac

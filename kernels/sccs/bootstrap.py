@@ -9,7 +9,6 @@ Laplace prior ``nonzero_share`` is the share of replicates with a non-zero estim
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -17,18 +16,24 @@ from typing import Any
 import numpy as np
 
 from kernels import rng
-from kernels.sccs.ccd import BatchFitter
+from kernels.sccs.ccd import BatchFitter, CycleCallback, offset_callback
 
 BOOTSTRAP_STREAM = 0x5CC5_0002
 
 
 def case_weights(xp: ModuleType, n_cases: int, first: int, count: int, seed: int) -> Any:
-    """Case multiplicities (count, N) of replicates ``first .. first+count-1`` (identical on every backend)."""
-    index = first * n_cases + xp.arange(count * n_cases, dtype=xp.int64)
-    draws = rng.integers(xp, seed, BOOTSTRAP_STREAM, index, n_cases)
-    replicate = xp.arange(count * n_cases, dtype=xp.int64) // n_cases
-    counts = xp.bincount(replicate * n_cases + draws, minlength=count * n_cases)
-    return counts.reshape(count, n_cases).astype(xp.float64)
+    """Case multiplicities (count, N) of replicates ``first .. first+count-1`` (identical on every backend).
+
+    Replicate ``b`` draws case ``floor(u * N)`` with Philox counter ``b * N + i`` for its ``i``-th draw. One
+    replicate at a time: the Philox rounds make a dozen temporaries the size of the counters, which for a
+    whole batch at once would cost far more device memory than the batch itself.
+    """
+    counts = xp.zeros((count, n_cases), dtype=xp.float64)
+    offsets = xp.arange(n_cases, dtype=xp.int64)
+    for row in range(count):
+        draws = rng.integers(xp, seed, BOOTSTRAP_STREAM, (first + row) * n_cases + offsets, n_cases)
+        counts[row] = xp.bincount(draws, minlength=n_cases)
+    return counts
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class BootstrapResult:
     nonzero_share: np.ndarray  # (J,)
     iterations: np.ndarray  # (B,)
     converged: np.ndarray  # (B,)
+    gradient_norm: np.ndarray  # (B,) max KKT residual of each refit
 
 
 def percentile_intervals(estimates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -55,22 +61,29 @@ def bootstrap(
     replicates: int,
     seed: int,
     chunk: int,
-    on_fit: Callable[[], None] | None = None,
+    on_cycle: CycleCallback | None = None,
 ) -> BootstrapResult:
-    """``replicates`` case-resampled refits, ``chunk`` at a time; ``on_fit`` runs after every fit."""
+    """``replicates`` case-resampled refits, ``chunk`` at a time (one batch each).
+
+    ``on_cycle(finished, cycle)`` runs after every cycle of every batch with the number of refits finished
+    so far (progress, and the cancel point: it may raise).
+    """
     if replicates < 2:
         raise ValueError("bootstrap needs at least 2 replicates")
     estimates = np.zeros((replicates, beta_hat.size))
     iterations = np.zeros(replicates, dtype=np.int64)
     converged = np.zeros(replicates, dtype=bool)
+    gradient_norm = np.zeros(replicates)
     for first in range(0, replicates, chunk):
         count = min(chunk, replicates - first)
         weights = case_weights(xp, n_cases, first, count, seed)
         results = fitter(np.full(count, variance), weights, np.tile(beta_hat, (count, 1)),
-                         None if on_fit is None else (lambda _r: on_fit()))
+                         offset_callback(on_cycle, first))
         for row, result in enumerate(results):
             estimates[first + row] = result.beta
             iterations[first + row] = result.iterations
             converged[first + row] = result.converged
+            gradient_norm[first + row] = result.gradient_norm
     lower, upper = percentile_intervals(estimates)
-    return BootstrapResult(estimates, lower, upper, np.mean(estimates != 0.0, axis=0), iterations, converged)
+    return BootstrapResult(estimates, lower, upper, np.mean(estimates != 0.0, axis=0), iterations, converged,
+                           gradient_norm)

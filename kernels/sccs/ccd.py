@@ -114,8 +114,13 @@ def fit(
     options: FitOptions = FitOptions(),
     case_weights: np.ndarray | None = None,
     beta0: np.ndarray | None = None,
+    on_cycle: Callable[[int, bool], None] | None = None,
 ) -> FitResult:
-    """One MAP fit on the host (NumPy)."""
+    """One MAP fit on the host (NumPy).
+
+    ``on_cycle(cycle, finished)`` runs after every cycle (``finished``: the fit stops after this cycle,
+    converged or at ``max_iterations``); it may raise (e.g. ``JobCancelled``) to abandon the fit.
+    """
     if not isinstance(data.era_case, np.ndarray):
         raise TypeError("ccd.fit is the NumPy path; use kernels.sccs.cuda for CuPy data")
     n_cov = data.n_covariates
@@ -143,7 +148,7 @@ def fit(
     converged = False
     criterion = math.inf
     iterations = 0
-    for iterations in range(1, options.max_iterations + 1):  # noqa: B007 - reported after the loop
+    for iterations in range(1, options.max_iterations + 1):
         eta_start = state.eta.copy() if options.convergence == "xbeta" else None
         for j in range(n_cov):
             start, stop = col_ptr[j], col_ptr[j + 1]
@@ -181,8 +186,10 @@ def fit(
             criterion = change / (1.0 + float(np.sum(era_weight * np.abs(state.eta.astype(np.float64)))))
         else:
             criterion = float(np.max(model.kkt_residual(beta, model.gradient(data, beta, weights), prior), initial=0.0))
-        if criterion <= options.tolerance:
-            converged = True
+        converged = criterion <= options.tolerance
+        if on_cycle is not None:
+            on_cycle(iterations, converged or iterations == options.max_iterations)
+        if converged:
             break
     return finish(data, prior, weights, beta, iterations, converged, criterion)
 
@@ -207,22 +214,39 @@ def finish(
     )
 
 
-# A batch fitter: (variances (R,), case weights (R, N), starting betas (R, J), on_done(r)) -> R results.
-BatchFitter = Callable[[np.ndarray, np.ndarray, np.ndarray, Callable[[int], None] | None], list[FitResult]]
+# Progress of a batch: on_cycle(finished, cycle) runs after every cycle of the batch with the number of its
+# fits that have finished (converged or stopped at max_iterations; never decreases, ends at the batch size)
+# and the cycle just done. It may raise (JobCancelled) to abandon the batch: that is the cancel point.
+CycleCallback = Callable[[int, int], None]
+# A batch fitter: (variances (R,), case weights (R, N), starting betas (R, J), on_cycle) -> R results.
+BatchFitter = Callable[[np.ndarray, np.ndarray, np.ndarray, CycleCallback | None], list[FitResult]]
+
+
+def offset_callback(on_cycle: CycleCallback | None, before: int) -> CycleCallback | None:
+    """A batch's callback that also counts ``before`` fits of earlier batches as finished."""
+    if on_cycle is None:
+        return None
+
+    def report(finished: int, cycle: int) -> None:
+        on_cycle(before + finished, cycle)
+
+    return report
 
 
 def numpy_batch_fitter(data: SccsData, prior: Prior, options: FitOptions) -> BatchFitter:
     """Fits of the same data with many case-weight vectors, one after another on the host."""
 
     def fit_batch(
-        variances: np.ndarray, case_weights: np.ndarray, beta0: np.ndarray, on_done: Callable[[int], None] | None
+        variances: np.ndarray, case_weights: np.ndarray, beta0: np.ndarray, on_cycle: CycleCallback | None
     ) -> list[FitResult]:
         results = []
         for r in range(len(variances)):
+            report = None
+            if on_cycle is not None:
+                def report(cycle: int, finished: bool, r: int = r) -> None:
+                    on_cycle(r + int(finished), cycle)
             results.append(fit(data, prior.with_variance(float(variances[r])) if prior.kind != "none" else prior,
-                               options, case_weights[r], beta0[r]))
-            if on_done is not None:
-                on_done(r)
+                               options, case_weights[r], beta0[r], report))
         return results
 
     return fit_batch

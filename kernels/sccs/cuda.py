@@ -12,7 +12,9 @@ Per coordinate ``j`` three kernels run, with nothing crossing to the host:
    ``w = L exp(eta)`` and that case's ``S`` — a thread owns its case, so no atomics are needed.
 
 One cycle over all coordinates (3 J launches) is captured once into a CUDA graph and replayed per cycle;
-the host only reads the per-replicate convergence criterion after each cycle. A batch of ``R`` fits
+the host only reads the per-replicate convergence criterion after each cycle, and then reports progress
+through the batch's ``on_cycle`` callback (which may raise ``JobCancelled``: the cancel point, between two
+cycles of the whole batch). A batch of ``R`` fits
 (CV folds, bootstrap replicates) shares the design and the case index; each replicate has its own case
 weights, variance, ``b``, ``eta``, ``w`` and ``S`` (row ``r`` of (R, .) arrays), and a replicate that has
 converged is frozen, so each replicate's result is the single fit's. :mod:`kernels.sccs.ccd` is the NumPy
@@ -23,14 +25,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from kernels.sccs import model
-from kernels.sccs.ccd import INITIAL_TRUST_REGION, BatchFitter, FitOptions, FitResult, finish
+from kernels.sccs.ccd import (
+    INITIAL_TRUST_REGION,
+    BatchFitter,
+    CycleCallback,
+    FitOptions,
+    FitResult,
+    finish,
+    offset_callback,
+)
 from kernels.sccs.data import SccsData, repeat_by_counts
 from kernels.sccs.model import Prior
 
@@ -337,8 +346,13 @@ class BatchEngine:
         variances: np.ndarray,
         case_weights: Any,
         beta0: Any,
-        on_done: Callable[[int], None] | None = None,
+        on_cycle: CycleCallback | None = None,
     ) -> list[FitResult]:
+        """Fit ``len(variances)`` replicates at once; ``on_cycle(finished, cycle)`` after every cycle.
+
+        ``finished`` counts the replicates that have converged (or all of them once ``max_iterations`` is
+        reached); the callback may raise (``JobCancelled``) to abandon the batch between two cycles.
+        """
         cp, d, options = self.cp, self.data, self.options
         count = len(variances)
         if not 1 <= count <= self.capacity:
@@ -356,15 +370,17 @@ class BatchEngine:
         var = np.ones(self.capacity)
         var[:count] = np.asarray(variances, dtype=np.float64) if self.prior.kind != "none" else 1.0
         self.variance[...] = cp.asarray(var)
-        if d.nnz and bool(cp.any(betas != 0.0)):
-            self.eta[...] = (model.design_matrix(d) @ cp.ascontiguousarray(betas.T)).T
-        else:  # cold start: X b = 0
-            self.eta.fill(0.0)
-        if self.real == cp.float64:  # in place: these (R, K) arrays are the batch's largest
-            cp.exp(self.eta, out=self.w)
-            self.w *= d.era_length[None, :]
-        else:  # as the NumPy twin: exp in float64 of the float32 eta, then rounded
-            self.w[...] = (d.era_length[None, :] * cp.exp(self.eta.astype(cp.float64))).astype(self.real)
+        # Set-up row by row: the (R, K) arrays are the batch's largest, so the only temporaries here are (K,)
+        # vectors and never an (R, K) float64 array (bytes_per_replicate counts the buffers alone).
+        # w = L exp(eta) in float64 of the stored eta, then rounded to the precision, as the NumPy twin.
+        design = model.design_matrix(d) if d.nnz else None
+        warm = cp.any(betas != 0.0, axis=1).get()
+        for r in range(self.capacity):
+            if design is not None and warm[r]:
+                self.eta[r] = design @ betas[r]
+            else:  # cold start: X b = 0
+                self.eta[r] = 0.0
+            self.w[r] = d.era_length * cp.exp(self.eta[r].astype(cp.float64))
         for r in range(self.capacity):
             self.sums[r] = cp.bincount(d.era_case, weights=self.w[r], minlength=d.n_cases).astype(self.real)
         active = np.zeros(self.capacity, dtype=bool)
@@ -387,6 +403,9 @@ class BatchEngine:
             active[done] = False
             if done.size:
                 self.active[...] = cp.asarray(active.astype(np.int32))
+            if on_cycle is not None:
+                finished = count if cycle == options.max_iterations else count - int(active[:count].sum())
+                on_cycle(finished, cycle)
             if not active.any():
                 break
         timings["cycles"] = clock.lap()
@@ -400,9 +419,6 @@ class BatchEngine:
             )
         timings["finish"] = clock.lap()
         self.last_timings = timings
-        for r in range(count):
-            if on_done is not None:
-                on_done(r)
         return results
 
     def _criterion(self, live: np.ndarray) -> np.ndarray:
@@ -451,14 +467,14 @@ def batch_fitter(data: SccsData, prior: Prior, options: FitOptions, capacity: in
     engine = BatchEngine(data, prior, options, capacity)
 
     def fit_batch(
-        variances: np.ndarray, case_weights: np.ndarray, beta0: np.ndarray, on_done: Callable[[int], None] | None
+        variances: np.ndarray, case_weights: np.ndarray, beta0: np.ndarray, on_cycle: CycleCallback | None
     ) -> list[FitResult]:
         results: list[FitResult] = []
         for first in range(0, len(variances), capacity):
             last = min(first + capacity, len(variances))
             chunk = engine.fit_batch(
                 np.asarray(variances[first:last]), case_weights[first:last], beta0[first:last],
-                None if on_done is None else (lambda r, offset=first: on_done(offset + r)),
+                offset_callback(on_cycle, first),
             )
             results.extend(chunk)
         return results
@@ -466,10 +482,25 @@ def batch_fitter(data: SccsData, prior: Prior, options: FitOptions, capacity: in
     return fit_batch
 
 
+def bytes_per_replicate(data: SccsData, precision: str) -> int:
+    """Peak device bytes one more replicate of a batch costs (engine buffers + batch temporaries).
+
+    * per era (K): ``eta``, ``eta_start``, ``w`` in ``precision`` (the set-up works row by row, so its
+      float64 temporaries are (K,) vectors whatever the batch size);
+    * per case (N): ``sums`` in ``precision``; ``case_weights`` and ``weighted_events`` (float64); while a
+      batch starts, (R, N) float64 temporaries: the bootstrap's resample counts (drawn one replicate at a
+      time, so the Philox temporaries are (N,) vectors), the padded weights, their transpose and the
+      weighted-events product, counted as 6 float64 to leave room for the memory pool's rounding;
+    * per covariate (J): ``numerator``, ``beta``, ``trust`` (float64) and the step partials.
+    """
+    real = 4 if precision == "float32" else 8
+    per_era = 3 * real
+    per_case = real + 2 * 8 + 6 * 8
+    per_covariate = 3 * 8
+    partials = 2 * 8 * max(1, math.ceil(data.max_touched() / BLOCK)) + 8 + 8 + 4 + 2 * 8
+    return data.n_eras * per_era + data.n_cases * per_case + data.n_covariates * per_covariate + partials
+
+
 def capacity_for(data: SccsData, precision: str, replicates: int, memory_bytes: int) -> int:
     """How many replicates fit in ``memory_bytes`` of device memory (at least 1, at most ``replicates``)."""
-    real = 4 if precision == "float32" else 8
-    per_replicate = 3 * data.n_eras * real + data.n_cases * (real + 16) + 3 * data.n_covariates * 8
-    # Batch setup builds an (R, K) float64 linear predictor and its exp once: count them too.
-    per_replicate += 2 * data.n_eras * 8
-    return max(1, min(replicates, memory_bytes // max(per_replicate, 1)))
+    return max(1, min(replicates, memory_bytes // max(bytes_per_replicate(data, precision), 1)))

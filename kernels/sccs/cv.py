@@ -10,19 +10,24 @@ folds per variance; the chosen variance maximises it. All folds of one variance 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from kernels import rng
 from kernels.sccs import model
-from kernels.sccs.ccd import BatchFitter
+from kernels.sccs.ccd import BatchFitter, CycleCallback, offset_callback
 from kernels.sccs.data import SccsData
 
 FOLD_STREAM = 0x5CC5_0001
-# Cyclops' default grid: 10 variances spaced evenly in log scale from 0.01 to 20 (createControl defaults).
-DEFAULT_GRID = tuple(float(v) for v in np.logspace(np.log10(0.01), np.log10(20.0), 10))
+# Cyclops' default grid (createControl: lowerLimit 0.01, upperLimit 20, gridSteps 10), computed as its
+# GridSearchCrossValidationDriver::computeGridPoint does: exp(log(lower) + step (log(upper) - log(lower)) / 9).
+_GRID_LOWER, _GRID_UPPER, _GRID_STEPS = 0.01, 20.0, 10
+DEFAULT_GRID = tuple(
+    math.exp(math.log(_GRID_LOWER) + step * (math.log(_GRID_UPPER) - math.log(_GRID_LOWER)) / (_GRID_STEPS - 1))
+    for step in range(_GRID_STEPS)
+)
 
 
 def fold_of_case(n_cases: int, folds: int, seed: int) -> np.ndarray:
@@ -44,6 +49,7 @@ class CvResult:
     iterations: np.ndarray  # (folds, V) cycles per fit
     converged: np.ndarray  # (folds, V)
     coefficients: np.ndarray  # (folds, V, J) the training fits
+    gradient_norm: np.ndarray  # (folds, V) max KKT residual of each training fit
 
 
 def cross_validate(
@@ -52,9 +58,13 @@ def cross_validate(
     variances: list[float] | tuple[float, ...],
     folds: int,
     seed: int,
-    on_fit: Callable[[], None] | None = None,
+    on_cycle: CycleCallback | None = None,
 ) -> CvResult:
-    """K-fold CV over ``variances``; ``on_fit`` runs after every fit (progress and cancellation)."""
+    """K-fold CV over ``variances``, warm-starting each fold from its fit at the previous variance.
+
+    ``on_cycle(finished, cycle)`` runs after every cycle of every batch (all folds of one variance) with the
+    number of CV fits finished so far (progress, and the cancel point: it may raise).
+    """
     grid = np.sort(np.asarray(variances, dtype=np.float64))
     if grid.size == 0 or np.any(grid <= 0):
         raise ValueError("cross-validation variances must be a non-empty list of positive numbers")
@@ -66,14 +76,19 @@ def cross_validate(
     iterations = np.zeros((folds, grid.size), dtype=np.int64)
     converged = np.zeros((folds, grid.size), dtype=bool)
     coefficients = np.zeros((folds, grid.size, data.n_covariates))
+    gradient_norm = np.zeros((folds, grid.size))
     xp = model.namespace(data)
     for v, variance in enumerate(grid.tolist()):
-        results = fitter(np.full(folds, variance), training, beta, None if on_fit is None else (lambda _r: on_fit()))
+        report = offset_callback(on_cycle, v * folds)
+        results = fitter(np.full(folds, variance), training, beta, report)
         for f, result in enumerate(results):
             beta[f] = result.beta
             coefficients[f, v] = result.beta
             scores[f, v] = model.log_likelihood(data, result.beta, xp.asarray(held_out[f]))
             iterations[f, v] = result.iterations
             converged[f, v] = result.converged
+            gradient_norm[f, v] = result.gradient_norm
     mean = scores.mean(axis=0)
-    return CvResult(grid, scores, mean, float(grid[int(np.argmax(mean))]), iterations, converged, coefficients)
+    return CvResult(grid, scores, mean, float(grid[int(np.argmax(mean))]), iterations, converged, coefficients,
+                    gradient_norm)
+

@@ -19,12 +19,13 @@ conversion of raw person-level data (observation period, events, exposures, risk
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from kernels import rng
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,85 @@ class IntervalTables:
     cov_value: np.ndarray
 
 
+RISK_WINDOW_ANCHORS = ("exposure_start", "exposure_end")
+_HASH_STREAM = 0x5CC5_0003
+
+
+def _index_of_cases(name: str, cases: np.ndarray, sorted_ids: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Position in ``case_id`` of each entry of ``cases`` (every one must have an observation period)."""
+    if cases.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if sorted_ids.size == 0:
+        found = np.zeros(cases.size, dtype=bool)
+        position = np.zeros(cases.size, dtype=np.int64)
+    elif sorted_ids.dtype.kind in "iu" and cases.dtype.kind in "iu" and (
+        int(sorted_ids[-1]) - int(sorted_ids[0]) == sorted_ids.size - 1
+    ):  # consecutive ids (unique, so every one present): direct lookup
+        offset = cases.astype(np.int64) - int(sorted_ids[0])
+        found = (offset >= 0) & (offset < sorted_ids.size)
+        position = np.where(found, offset, 0)
+    else:
+        position = np.minimum(np.searchsorted(sorted_ids, cases), sorted_ids.size - 1)
+        found = sorted_ids[position] == cases
+    if not np.all(found):
+        unknown = np.unique(cases[~found])[:5].tolist()
+        raise ValueError(f"{name} has cases without an observation period, e.g. {unknown}")
+    return order[position].astype(np.int64)
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` of an integer array by one sort (faster here than NumPy's hash-based unique)."""
+    values = np.sort(values)
+    keep = np.ones(values.size, dtype=bool)
+    keep[1:] = values[1:] != values[:-1]
+    return values[keep]
+
+
+def _segment_sums_u64(values: np.ndarray, ptr: np.ndarray) -> np.ndarray:
+    """Per segment ``ptr[i]:ptr[i+1]``, the sum of ``values`` modulo 2^64."""
+    cumulative = np.concatenate([np.zeros(1, dtype=np.uint64), np.cumsum(values, dtype=np.uint64)])
+    return cumulative[ptr[1:]] - cumulative[ptr[:-1]]
+
+
+def _group_equal_sets(
+    piece_case: np.ndarray, set_size: np.ndarray, pair_ptr: np.ndarray, pair_rank: np.ndarray, n_ranks: int,
+    n_cases: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Group the pieces by (case, set of drugs): the group of each piece and the first piece of each group.
+
+    A piece's key is a Philox-drawn 64-bit hash of its case plus those of its drugs (modulo 2^64); after
+    sorting by key, pieces with equal keys are compared exactly (case, set size, drug by drug), and the
+    rare collision is redrawn with another Philox key, so the grouping is exact.
+    """
+    n_pieces = piece_case.size
+    for attempt in range(16):
+        drug_words = rng.philox4x32(np, attempt, _HASH_STREAM, np.arange(n_ranks, dtype=np.int64))
+        case_words = rng.philox4x32(np, attempt, _HASH_STREAM + 1, np.arange(n_cases, dtype=np.int64))
+        drug_hash = (drug_words[0].astype(np.uint64) << np.uint64(32)) | drug_words[1].astype(np.uint64)
+        case_hash = (case_words[0].astype(np.uint64) << np.uint64(32)) | case_words[1].astype(np.uint64)
+        key = _segment_sums_u64(drug_hash[pair_rank], pair_ptr) + case_hash[piece_case]
+        order = np.argsort(key)
+        sorted_key = key[order]
+        starts = np.ones(n_pieces, dtype=bool)
+        starts[1:] = sorted_key[1:] != sorted_key[:-1]
+        # Exact check: each piece equals the previous one of its group (case, size, then drug by drug).
+        same = np.flatnonzero(~starts)
+        first, second = order[same - 1], order[same]
+        if np.any(piece_case[first] != piece_case[second]) or np.any(set_size[first] != set_size[second]):
+            continue
+        length = set_size[first]
+        offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(length)])
+        owner = np.repeat(np.arange(same.size), length)
+        within = np.arange(int(offsets[-1]), dtype=np.int64) - offsets[:-1][owner]
+        if not np.array_equal(pair_rank[pair_ptr[first][owner] + within],
+                              pair_rank[pair_ptr[second][owner] + within]):
+            continue
+        group_of_piece = np.empty(n_pieces, dtype=np.int64)
+        group_of_piece[order] = np.cumsum(starts) - 1
+        return group_of_piece, np.minimum.reduceat(order, np.flatnonzero(starts))
+    raise RuntimeError("could not separate the drug sets by hashing (16 keys collided)")
+
+
 def eras_from_person_data(
     case_id: np.ndarray,
     observation_start: np.ndarray,
@@ -288,24 +368,32 @@ def eras_from_person_data(
     risk_window_start: int = 0,
     risk_window_end: int = 0,
     end_anchor: str = "exposure_end",
+    start_anchor: str = "exposure_start",
 ) -> IntervalTables:
     """Split each case's observation period into constant-exposure eras and count events per era.
 
     Days are integers and every interval is inclusive. Exposure ``(drug, start, end)`` puts the case at risk
-    of that drug on ``[start + risk_window_start, anchor + risk_window_end]`` where ``anchor`` is the
-    exposure's ``end`` (``end_anchor="exposure_end"``, SelfControlledCaseSeries' default) or its ``start``.
-    Risk windows are clipped to the observation period; overlapping windows of one drug merge. As in
-    SelfControlledCaseSeries, periods with the same set of drugs within a case form ONE era (lengths and
-    events summed; the conditional likelihood is unchanged by this), and the era without any drug is the
-    baseline. Events outside the observation period are ignored. Cases without events are kept here (the
-    table builder drops them and counts them).
+    of that drug on ``[start_anchor + risk_window_start, end_anchor + risk_window_end]``, each anchor being
+    the exposure's ``start`` or ``end`` (as SelfControlledCaseSeries' ``startAnchor``/``endAnchor``; defaults
+    exposure start and exposure end). A window that ends before it starts is empty. Risk windows are
+    clipped to the observation period; overlapping windows of one drug merge. As in SelfControlledCaseSeries,
+    periods with the same set of drugs within a case form ONE era (lengths and events summed; the
+    conditional likelihood is unchanged by this), and the era without any drug is the baseline. Events
+    outside the observation period are ignored. Cases without events are kept here (the table builder drops
+    them and counts them). Rows come case by case (in the order of ``case_id``), within a case in the order
+    the drug set first occurs; each row's drugs are listed in increasing id.
+
+    Vectorised: the days where the set can change (observation start, window starts, the day after window
+    ends, the day after observation end) cut each case into pieces; a window covers a contiguous run of its
+    case's pieces; pieces with equal (case, drug set) merge into one era.
     """
-    if end_anchor not in ("exposure_end", "exposure_start"):
-        raise ValueError("end_anchor must be 'exposure_end' or 'exposure_start'")
+    for name, anchor in (("start_anchor", start_anchor), ("end_anchor", end_anchor)):
+        if anchor not in RISK_WINDOW_ANCHORS:
+            raise ValueError(f"{name} must be 'exposure_start' or 'exposure_end', not {anchor!r}")
     case_id = np.asarray(case_id)
     obs_start = np.asarray(observation_start, dtype=np.int64)
     obs_end = np.asarray(observation_end, dtype=np.int64)
-    if np.unique(case_id).size != case_id.size:
+    if _sorted_unique(case_id).size != case_id.size:
         raise ValueError("case_id must be unique (one observation period per case)")
     if np.any(obs_end < obs_start):
         raise ValueError("observation_end must not precede observation_start")
@@ -313,61 +401,105 @@ def eras_from_person_data(
     exposure_end = np.asarray(exposure_end, dtype=np.int64)
     if np.any(exposure_end < exposure_start):
         raise ValueError("exposure_end must not precede exposure_start")
-    event_case = np.asarray(event_case)
     event_day = np.asarray(event_day, dtype=np.int64)
-    exposure_case = np.asarray(exposure_case)
     exposure_drug = np.asarray(exposure_drug, dtype=np.int64)
-    index_of_case = {int(c): i for i, c in enumerate(case_id.tolist())}
-    for name, cases in (("event_case", event_case), ("exposure_case", exposure_case)):
-        unknown = [c for c in np.unique(cases).tolist() if int(c) not in index_of_case]
-        if unknown:
-            raise ValueError(f"{name} has cases without an observation period, e.g. {unknown[:5]}")
+    case_order = np.argsort(case_id, kind="stable")
+    sorted_ids = case_id[case_order]
+    event_owner = _index_of_cases("event_case", np.asarray(event_case), sorted_ids, case_order)
+    window_owner = _index_of_cases("exposure_case", np.asarray(exposure_case), sorted_ids, case_order)
+    n_cases = int(case_id.size)
+    if n_cases == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return IntervalTables(empty, empty, empty.astype(np.float64), empty.astype(np.float64), empty, empty,
+                              empty.astype(np.float64))
 
-    window_start = exposure_start + risk_window_start
-    anchor = exposure_end if end_anchor == "exposure_end" else exposure_start
-    window_end = anchor + risk_window_end
-    events_by_case: dict[int, list[int]] = {}
-    for c, d in zip(event_case.tolist(), event_day.tolist(), strict=True):
-        events_by_case.setdefault(index_of_case[int(c)], []).append(d)
-    windows_by_case: dict[int, list[tuple[int, int, int]]] = {}
-    for c, drug, s, e in zip(exposure_case.tolist(), exposure_drug.tolist(), window_start.tolist(),
-                             window_end.tolist(), strict=True):
-        windows_by_case.setdefault(index_of_case[int(c)], []).append((drug, s, e))
+    # Risk windows clipped to the observation period; empty ones dropped.
+    first_day = exposure_start if start_anchor == "exposure_start" else exposure_end
+    last_day = exposure_end if end_anchor == "exposure_end" else exposure_start
+    window_start = np.maximum(first_day + risk_window_start, obs_start[window_owner])
+    window_end = np.minimum(last_day + risk_window_end, obs_end[window_owner])
+    keep = window_start <= window_end
+    window_owner, window_start, window_end = window_owner[keep], window_start[keep], window_end[keep]
+    drug_ids, window_rank = np.unique(exposure_drug[keep], return_inverse=True)
+    window_rank = window_rank.astype(np.int64)
 
-    rows: list[tuple[int, int, int]] = []  # (case, length, events)
-    entries: list[tuple[int, int]] = []  # (row, drug)
-    for i, cid in enumerate(case_id.tolist()):
-        lo, hi = int(obs_start[i]), int(obs_end[i])
-        clipped = [(drug, max(s, lo), min(e, hi)) for drug, s, e in windows_by_case.get(i, []) if s <= hi and e >= lo
-                   and max(s, lo) <= min(e, hi)]
-        # Boundaries where the active set can change: window starts and the day after window ends.
-        cuts = sorted({lo, hi + 1} | {s for _, s, _ in clipped} | {e + 1 for _, _, e in clipped})
-        events = np.sort(np.asarray(events_by_case.get(i, []), dtype=np.int64))
-        eras: dict[tuple[int, ...], list[int]] = {}
-        order: list[tuple[int, ...]] = []
-        for a, b_next in itertools.pairwise(cuts):
-            b = b_next - 1  # piece [a, b]
-            active = tuple(sorted({drug for drug, s, e in clipped if s <= a and e >= b}))
-            n_events = int(np.searchsorted(events, b, side="right") - np.searchsorted(events, a, side="left"))
-            if active not in eras:
-                eras[active] = [0, 0]
-                order.append(active)
-            eras[active][0] += b - a + 1
-            eras[active][1] += n_events
-        for active in order:
-            length, n_events = eras[active]
-            row = len(rows)
-            rows.append((int(cid), length, n_events))
-            entries.extend((row, drug) for drug in active)
+    # Cuts keyed by (case, day): every case has its observation start and, last, the day after its end.
+    base = int(obs_start.min())
+    span = int(obs_end.max()) + 2 - base
+    if n_cases * span >= 2**62:
+        raise ValueError("observation periods cover too many days for the era builder")
 
-    rows_array = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
-    entries_array = np.asarray(entries, dtype=np.int64).reshape(-1, 2)
+    def key(case: np.ndarray, day: np.ndarray) -> np.ndarray:
+        return case * span + (day - base)
+
+    cases = np.arange(n_cases, dtype=np.int64)
+    n_windows = window_owner.size
+    all_keys = np.concatenate([
+        key(cases, obs_start), key(cases, obs_end + 1), key(window_owner, window_start),
+        key(window_owner, window_end + 1),
+    ])
+    # One sort gives the distinct cuts and the rank (cut position) of every key.
+    order = np.argsort(all_keys)
+    sorted_keys = all_keys[order]
+    is_new = np.ones(sorted_keys.size, dtype=bool)
+    is_new[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    cut_key = sorted_keys[is_new]
+    rank = np.empty(sorted_keys.size, dtype=np.int64)
+    rank[order] = np.cumsum(is_new) - 1
+    cut_case = cut_key // span
+    cut_day = cut_key % span + base
+    # Piece p starts at every cut but each case's last; p = (cut position) - (case number).
+    is_piece = np.zeros(cut_key.size, dtype=bool)
+    is_piece[:-1] = cut_case[1:] == cut_case[:-1]
+    piece_case = cut_case[is_piece]
+    piece_length = (cut_day[1:] - cut_day[:-1])[is_piece[:-1]]
+    n_pieces = piece_case.size
+
+    # (piece, drug) pairs: window w covers pieces [piece of its start, piece of the day after its end).
+    first_piece = rank[2 * n_cases:2 * n_cases + n_windows] - window_owner
+    stop_piece = rank[2 * n_cases + n_windows:] - window_owner
+    covered = stop_piece - first_piece
+    offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(covered)])
+    owner = np.repeat(np.arange(n_windows), covered)
+    pair_piece = first_piece[owner] + np.arange(int(offsets[-1]), dtype=np.int64) - offsets[:-1][owner]
+    n_ranks = max(int(drug_ids.size), 1)
+    if n_pieces * n_ranks >= 2**63:
+        raise ValueError("too many (era, drug) combinations for the era builder")
+    pair_key = _sorted_unique(pair_piece * n_ranks + window_rank[owner])  # merges overlapping windows of a drug
+    pair_piece, pair_rank = pair_key // n_ranks, pair_key % n_ranks
+    set_size = np.bincount(pair_piece, minlength=n_pieces).astype(np.int64)
+    pair_ptr = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(set_size)])
+
+    # Events inside their case's observation period, counted per piece.
+    inside = (event_day >= obs_start[event_owner]) & (event_day <= obs_end[event_owner])
+    event_owner, event_day = event_owner[inside], event_day[inside]
+    event_key = np.sort(key(event_owner, event_day))  # sorted queries: only the counts matter
+    event_cut = np.searchsorted(cut_key, event_key, side="right") - 1
+    piece_events = np.bincount(event_cut - cut_case[event_cut], minlength=n_pieces)
+
+    # Merge pieces of equal (case, drug set) into eras, numbered by first occurrence.
+    group_of_piece, group_first_piece = _group_equal_sets(piece_case, set_size, pair_ptr, pair_rank, n_ranks,
+                                                          n_cases)
+    row_of_group = np.empty(group_first_piece.size, dtype=np.int64)
+    row_of_group[np.argsort(group_first_piece)] = np.arange(group_first_piece.size)
+    row_of_piece = row_of_group[group_of_piece]
+    n_rows = group_first_piece.size
+    row_piece = np.sort(group_first_piece)  # the first piece of each row, in row order
+    # Integer sums by bincount: exact in float64 below 2^53 days or events.
+    row_length = np.rint(np.bincount(row_of_piece, weights=piece_length, minlength=n_rows)).astype(np.int64)
+    row_events = np.rint(np.bincount(row_of_piece, weights=piece_events, minlength=n_rows)).astype(np.int64)
+
+    entry_count = set_size[row_piece]
+    entry_offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(entry_count)])
+    entry_row = np.repeat(np.arange(n_rows, dtype=np.int64), entry_count)
+    entry_within = np.arange(int(entry_offsets[-1]), dtype=np.int64) - entry_offsets[:-1][entry_row]
+    entry_drug = drug_ids[pair_rank[pair_ptr[row_piece][entry_row] + entry_within]].astype(np.int64)
     return IntervalTables(
-        row_id=np.arange(rows_array.shape[0], dtype=np.int64),
-        stratum_id=rows_array[:, 0],
-        time=rows_array[:, 1].astype(np.float64),
-        y=rows_array[:, 2].astype(np.float64),
-        cov_row_id=entries_array[:, 0],
-        cov_id=entries_array[:, 1],
-        cov_value=np.ones(entries_array.shape[0], dtype=np.float64),
+        row_id=np.arange(n_rows, dtype=np.int64),
+        stratum_id=case_id[piece_case[row_piece]].astype(np.int64),
+        time=row_length.astype(np.float64),
+        y=row_events.astype(np.float64),
+        cov_row_id=entry_row,
+        cov_id=entry_drug,
+        cov_value=np.ones(entry_row.size, dtype=np.float64),
     )

@@ -72,6 +72,11 @@ def _names(frame: pd.DataFrame | None, covariate_ids: np.ndarray) -> list[str | 
     ids = _column(frame, "names", "covariateId", integer=True)
     if "covariateName" not in frame.columns:
         raise ValueError("names table lacks column 'covariateName'")
+    unique, counts = np.unique(ids, return_counts=True)
+    if np.any(counts > 1):
+        repeated = unique[counts > 1]
+        raise ValueError(f"names table lists covariateId {int(repeated[0])} more than once "
+                         f"(duplicated ids: {repeated[:10].tolist()})")
     lookup = dict(zip(ids.tolist(), frame["covariateName"].astype(str).tolist(), strict=True))
     return [lookup.get(int(c)) for c in covariate_ids.tolist()]
 
@@ -106,12 +111,17 @@ def run_fit(params: SccsParams, data: Mapping[str, Any], progress: Progress) -> 
     variances = cv_spec.variances() if cv_spec is not None else []
     if cv_spec is not None and cv_spec.folds > sccs.n_cases:
         raise ValueError(f"cross_validation.folds={cv_spec.folds} exceeds the {sccs.n_cases} cases with events")
-    total_fits = (cv_spec.folds * len(variances) if cv_spec else 0) + 1 + (boot_spec.replicates if boot_spec else 0)
-    done = [0]
+    cv_fits = cv_spec.folds * len(variances) if cv_spec else 0
+    total_fits = cv_fits + 1 + (boot_spec.replicates if boot_spec else 0)
 
-    def on_fit() -> None:
-        done[0] += 1
-        progress(min(done[0] / total_fits, 0.99), f"fit {done[0]}/{total_fits}")
+    def reporter(stage: str, before: int) -> ccd.CycleCallback:
+        """Progress after every CCD cycle of every batch (the cancel point: progress may raise)."""
+
+        def report(finished: int, cycle: int) -> None:
+            done = before + finished
+            progress(min(done / total_fits, 0.99), f"{stage}: {done}/{total_fits} fits done, cycle {cycle}")
+
+        return report
 
     def fitter(capacity: int) -> ccd.BatchFitter:
         if gpu:
@@ -125,18 +135,18 @@ def run_fit(params: SccsParams, data: Mapping[str, Any], progress: Progress) -> 
     if cv_spec is not None:
         with timer.stage("cross_validation"):
             cv_result = crossval.cross_validate(sccs, fitter(cv_spec.folds), variances, cv_spec.folds, cv_spec.seed,
-                                                on_fit)
+                                                reporter("cross-validation", 0))
         variance = cv_result.chosen_variance
         progress.save_artifact("cv_predictive_log_likelihood", {
             "variance": cv_result.variances, "fold_log_likelihood": cv_result.fold_loglik,
-            "iterations": cv_result.iterations, "coefficients": cv_result.coefficients,
+            "iterations": cv_result.iterations, "converged": cv_result.converged,
+            "gradient_norm": cv_result.gradient_norm, "coefficients": cv_result.coefficients,
             "covariate_id": sccs.covariate_ids,
         })
     final_prior = prior.with_variance(variance) if prior.kind != "none" else prior
     with timer.stage("fit"):
         result = fitter(1)(np.asarray([variance]), np.ones((1, sccs.n_cases)), np.zeros((1, sccs.n_covariates)),
-                           None)[0]
-    on_fit()
+                           reporter("fit", cv_fits))[0]
 
     boot_result = None
     if boot_spec is not None:
@@ -149,9 +159,12 @@ def run_fit(params: SccsParams, data: Mapping[str, Any], progress: Progress) -> 
                                       int(free_bytes * _GPU_MEMORY_SHARE))
         with timer.stage("bootstrap"):
             boot_result = boot.bootstrap(xp, sccs.n_cases, fitter(chunk), variance, result.beta,
-                                         boot_spec.replicates, boot_spec.seed, chunk, on_fit)
+                                         boot_spec.replicates, boot_spec.seed, chunk,
+                                         reporter("bootstrap", cv_fits + 1))
         progress.save_artifact("bootstrap_estimates", {
             "covariate_id": sccs.covariate_ids, "estimates": boot_result.estimates,
+            "iterations": boot_result.iterations, "converged": boot_result.converged,
+            "gradient_norm": boot_result.gradient_norm,
         })
     progress.save_artifact("coefficients", pd.DataFrame({
         "covariateId": sccs.covariate_ids, "estimate": result.beta,
@@ -173,7 +186,9 @@ def run_fit(params: SccsParams, data: Mapping[str, Any], progress: Progress) -> 
     if cv_result is not None:
         cv_curve = [
             CvPoint(variance=float(v), predictive_log_likelihood=float(cv_result.mean_loglik[i]),
-                    fold_predictive_log_likelihood=cv_result.fold_loglik[:, i].tolist())
+                    fold_predictive_log_likelihood=cv_result.fold_loglik[:, i].tolist(),
+                    fold_iterations=cv_result.iterations[:, i].tolist(),
+                    non_converged_folds=int(np.sum(~cv_result.converged[:, i])))
             for i, v in enumerate(cv_result.variances.tolist())
         ]
     progress(1.0, "done")
@@ -228,7 +243,7 @@ def run_eras(params: SccsErasParams, data: Mapping[str, Any], progress: Progress
             _column(exposures, "exposures", "caseId", integer=True),
             _column(exposures, "exposures", "drugId", integer=True),
             _day_column(exposures, "exposures", "start"), _day_column(exposures, "exposures", "end"),
-            params.risk_window_start, params.risk_window_end, params.end_anchor,
+            params.risk_window_start, params.risk_window_end, params.end_anchor, params.start_anchor,
         )
     position = pd.Series(np.arange(case_id.size), index=case_id)
     owner = position.loc[event_case].to_numpy() if event_case.size else np.zeros(0, dtype=np.int64)
@@ -282,6 +297,7 @@ KINDS = [
             "events_dataset_id": "<events dataset id>",
             "exposures_dataset_id": "<exposures dataset id>",
             "risk_window_start": 1,
+            "start_anchor": "exposure_start",
             "risk_window_end": 30,
             "end_anchor": "exposure_start",
         },

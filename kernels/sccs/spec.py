@@ -87,6 +87,8 @@ class CvPoint(ResultModel):
     variance: float
     predictive_log_likelihood: float = Field(description="mean over folds of the held-out log-likelihood")
     fold_predictive_log_likelihood: list[float]
+    fold_iterations: list[int] = Field(description="CCD cycles of each fold's training fit")
+    non_converged_folds: int = Field(description="training fits that stopped at max_iterations without converging")
 
 
 class SccsResult(ResultModel):
@@ -125,10 +127,13 @@ class SccsErasParams(JobParams):
     exposures_dataset_id: str = Field(
         min_length=1, max_length=100, description="table caseId, drugId, start, end (inclusive days or dates)"
     )
-    risk_window_start: int = Field(default=0, ge=-36_500, le=36_500, description="days added to exposure start")
+    risk_window_start: int = Field(default=0, ge=-36_500, le=36_500, description="days added to the start anchor")
+    start_anchor: Literal["exposure_start", "exposure_end"] = Field(
+        default="exposure_start", description="what risk_window_start counts from (SCCS' startAnchor)"
+    )
     risk_window_end: int = Field(default=0, ge=-36_500, le=36_500, description="days added to the end anchor")
     end_anchor: Literal["exposure_end", "exposure_start"] = Field(
-        default="exposure_end", description="what risk_window_end counts from"
+        default="exposure_end", description="what risk_window_end counts from (SCCS' endAnchor)"
     )
 
 

@@ -1,7 +1,8 @@
 """Synthetic SCCS data with the structure of claims-database analyses, generated on NumPy or CuPy.
 
-* Drug prevalence is skewed: drug ``j`` (0-based) is taken by a share ``0.45 (j + 1)^-0.9`` of cases, so
-  the first few drugs reach 25-45% of cases and most are rare (about 5 drugs per case at J = 1,428).
+* Drug prevalence is skewed: drug ``j`` (0-based) is taken by a share ``p_j = 0.47 (1 + j / 7)^-1.6`` of
+  cases (0.47, 0.38, 0.31, 0.27, then 0.23, 0.20, ...), so about four drugs are taken by 25-50% of cases,
+  drugs from j = 71 on by under 1% (95% of them at J = 1,428) and a case takes about 5.5 drugs.
 * Each case has 10-30 eras (20 on average) of 1-60 days; each drug a case takes is active on a
   contiguous run of up to half its eras.
 * True effects are sparse: a share ``effect_share`` of drugs has a log relative incidence drawn from
@@ -34,8 +35,13 @@ class SyntheticSccs:
     true_beta: np.ndarray  # (J,) on the host
 
 
+PREVALENCE_TOP, PREVALENCE_SCALE, PREVALENCE_POWER = 0.47, 7.0, 1.6
+
+
 def drug_prevalence(n_drugs: int) -> np.ndarray:
-    return 0.45 * np.power(np.arange(1, n_drugs + 1, dtype=np.float64), -0.9)
+    """Share of cases taking drug ``j``: ``0.47 (1 + j / 7)^-1.6``."""
+    j = np.arange(n_drugs, dtype=np.float64)
+    return PREVALENCE_TOP * np.power(1.0 + j / PREVALENCE_SCALE, -PREVALENCE_POWER)
 
 
 def generate(
@@ -59,8 +65,10 @@ def generate(
     era_index = xp.arange(n_eras, dtype=xp.int64)
     era_length = (1 + rng.integers(xp, seed, _STREAM_LENGTH, era_index, 60)).astype(xp.float64)
 
-    # (case, drug) exposure pairs: drug j to round(prevalence_j * N) cases drawn uniformly (duplicates merged).
-    per_drug = np.maximum(np.round(drug_prevalence(n_drugs) * n_cases).astype(np.int64), 1)
+    # (case, drug) exposure pairs: drug j drawn m_j times uniformly over the cases, duplicates merged; with
+    # m_j = -N log(1 - p_j) draws a case is missed with probability (1 - 1/N)^m_j ~ 1 - p_j, so the share of
+    # cases taking drug j is p_j in expectation.
+    per_drug = np.maximum(np.round(-np.log1p(-drug_prevalence(n_drugs)) * n_cases).astype(np.int64), 1)
     pair_drug = xp.asarray(np.repeat(np.arange(n_drugs, dtype=np.int64), per_drug))
     pair_case = rng.integers(xp, seed, _STREAM_PAIR_CASE, xp.arange(pair_drug.shape[0], dtype=xp.int64), n_cases)
     key = xp.unique(pair_case * n_drugs + pair_drug)

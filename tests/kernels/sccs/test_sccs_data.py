@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from kernels.sccs import synthetic
-from kernels.sccs.data import build_from_tables, eras_from_person_data
+from kernels.sccs.data import IntervalTables, build_from_tables, eras_from_person_data
 
 
 def _tables() -> dict[str, np.ndarray]:
@@ -127,6 +129,124 @@ def test_raw_to_eras_anchor_at_exposure_start() -> None:
     assert _eras(tables)[3:] == [(2, 31, 2, ()), (3, 10, 0, ())]
 
 
+def test_raw_to_eras_anchor_window_start_at_exposure_end() -> None:
+    # SCCS' startAnchor = "era end": windows [end + 1, end + 10]: case 1 drug 7 [20, 29], drug 8 [30, 39];
+    # case 2 drug 7 [106, 115]. Case 1: [0,19] + [40,99] none (events 5, 12, 16, 16, 50), [20,29] {7},
+    # [30,39] {8}; case 2: [100,105] + [116,130] none (events 101, 120), [106,115] {7}; case 3 baseline.
+    tables = _person_data(risk_window_start=1, risk_window_end=10, start_anchor="exposure_end")
+    assert _eras(tables) == [
+        (1, 80, 5, ()), (1, 10, 0, (7,)), (1, 10, 0, (8,)),
+        (2, 21, 2, ()), (2, 10, 0, (7,)),
+        (3, 10, 0, ()),
+    ]
+    # Both anchors at the exposure start: windows [start - 2, start + 1], drug 7 [8, 11], drug 8 [13, 16]
+    # (events 5, 12, 50 baseline, 16, 16 drug 8);
+    # case 2's window [88, 91] lies before its observation period.
+    tables = _person_data(risk_window_start=-2, risk_window_end=1, end_anchor="exposure_start")
+    assert _eras(tables) == [
+        (1, 92, 3, ()), (1, 4, 0, (7,)), (1, 4, 2, (8,)),
+        (2, 31, 2, ()),
+        (3, 10, 0, ()),
+    ]
+    # A window that ends before it starts (start anchored at the end, end at the start) is empty.
+    tables = _person_data(risk_window_start=1, end_anchor="exposure_start", start_anchor="exposure_end")
+    assert _eras(tables) == [(1, 100, 5, ()), (2, 31, 2, ()), (3, 10, 0, ())]
+    with pytest.raises(ValueError, match="start_anchor"):
+        _person_data(start_anchor="era_start")
+
+
+def _random_person_data(seed: int) -> dict[str, np.ndarray]:
+    g = np.random.default_rng(seed)
+    n = int(g.integers(1, 60))
+    case_id = g.permutation(np.arange(1000, 1000 + 3 * n))[:n]  # unique, unordered, not consecutive
+    obs_start = g.integers(-50, 50, n)
+    obs_end = obs_start + g.integers(0, 120, n)
+    n_events = int(g.integers(0, 4 * n))
+    n_exposures = int(g.integers(0, 5 * n))
+    exposure_start = g.integers(-80, 200, n_exposures)
+    return {
+        "case_id": case_id, "observation_start": obs_start, "observation_end": obs_end,
+        "event_case": g.choice(case_id, n_events), "event_day": g.integers(-80, 200, n_events),
+        "exposure_case": g.choice(case_id, n_exposures), "exposure_drug": g.integers(1, 9, n_exposures) * 11,
+        "exposure_start": exposure_start, "exposure_end": exposure_start + g.integers(0, 40, n_exposures),
+    }
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_vectorised_eras_equal_the_per_case_loop(seed: int) -> None:
+    inputs = _random_person_data(seed)
+    g = np.random.default_rng(100 + seed)
+    window = {"risk_window_start": int(g.integers(-10, 10)), "risk_window_end": int(g.integers(-10, 30)),
+              "start_anchor": ["exposure_start", "exposure_end"][seed % 2],
+              "end_anchor": ["exposure_end", "exposure_start"][(seed // 2) % 2]}
+    got = eras_from_person_data(**inputs, **window)
+    expected = reference_eras(**inputs, **window)
+    assert expected.row_id.size > 0
+    for field in ("row_id", "stratum_id", "time", "y", "cov_row_id", "cov_id", "cov_value"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(expected, field), err_msg=field)
+        assert getattr(got, field).dtype == getattr(expected, field).dtype, field
+
+
+def test_vectorised_eras_equal_the_per_case_loop_at_scale() -> None:
+    # 3,000 cases with many overlapping exposures of 40 drugs (repeated drug sets within a case).
+    g = np.random.default_rng(7)
+    n, m = 3000, 20000
+    case_id = np.arange(1, n + 1)
+    inputs = {
+        "case_id": case_id, "observation_start": np.zeros(n, dtype=np.int64),
+        "observation_end": g.integers(100, 730, n), "event_case": g.choice(case_id, 2 * n),
+        "event_day": g.integers(0, 731, 2 * n), "exposure_case": g.choice(case_id, m),
+        "exposure_drug": g.integers(0, 40, m), "exposure_start": (start := g.integers(0, 700, m)),
+        "exposure_end": start + g.integers(0, 60, m),
+    }
+    got = eras_from_person_data(**inputs, risk_window_start=1, risk_window_end=30)
+    expected = reference_eras(**inputs, risk_window_start=1, risk_window_end=30)
+    for field in ("row_id", "stratum_id", "time", "y", "cov_row_id", "cov_id", "cov_value"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(expected, field), err_msg=field)
+
+
+@pytest.mark.parametrize("collide", ["drugs", "drugs and cases"])
+def test_hash_collisions_are_detected_and_redrawn(monkeypatch: pytest.MonkeyPatch, collide: str) -> None:
+    # With the first Philox key every drug (and case) gets the same hash, so pieces with different drug sets of
+    # one size (and of different cases) collide: the exact comparison must notice and redraw; the tables
+    # stay the loop's.
+    from kernels import rng
+    from kernels.sccs import data as data_module
+
+    keys: list[int] = []
+    philox = rng.philox4x32
+
+    def colliding(xp, seed, stream, index):
+        keys.append(seed)
+        words = philox(xp, seed, stream, index)
+        drug_stream = stream == data_module._HASH_STREAM
+        return tuple(w * 0 + 1 for w in words) if seed == 0 and (drug_stream or collide != "drugs") else words
+
+    monkeypatch.setattr(data_module.rng, "philox4x32", colliding)
+    # The hand-worked case (case 1 has the one-drug sets {7} and {8}).
+    assert _eras(_person_data(risk_window_start=1, risk_window_end=2)) == [
+        (1, 79, 2, ()), (1, 5, 1, (7,)), (1, 6, 2, (7, 8)), (1, 10, 0, (8,)),
+        (2, 8, 1, (7,)), (2, 23, 1, ()),
+        (3, 10, 0, ()),
+    ]
+    assert 0 in keys and 1 in keys
+    keys.clear()
+    inputs = _random_person_data(3)
+    got = eras_from_person_data(**inputs, risk_window_end=5)
+    expected = reference_eras(**inputs, risk_window_end=5)
+    assert 0 in keys and (1 in keys or collide == "drugs")
+    for field in ("row_id", "stratum_id", "time", "y", "cov_row_id", "cov_id"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(expected, field), err_msg=field)
+
+
+def test_raw_to_eras_without_exposures_or_events() -> None:
+    tables = eras_from_person_data(np.array([5, 3]), np.array([0, 10]), np.array([9, 10]),
+                                   np.array([], dtype=np.int64), np.array([], dtype=np.int64),
+                                   np.array([], dtype=np.int64), np.array([], dtype=np.int64),
+                                   np.array([], dtype=np.int64), np.array([], dtype=np.int64))
+    assert _eras(tables) == [(5, 10, 0, ()), (3, 1, 0, ())]
+
+
 def test_raw_to_eras_feeds_the_builder_and_drops_the_eventless_case() -> None:
     tables = _person_data(risk_window_start=1, risk_window_end=2)
     built = build_from_tables(tables.row_id, tables.stratum_id, tables.time, tables.y, tables.cov_row_id,
@@ -143,17 +263,75 @@ def test_raw_to_eras_rejects_unknown_cases() -> None:
 
 
 def test_synthetic_structure() -> None:
-    sim = synthetic.generate(np, 4000, 200, seed=3)
+    # The issue: a few drugs at 25-50% of cases, most rare, ~20 eras per case, sparse true effects; at the
+    # paper's J = 1,428 drugs.
+    sim = synthetic.generate(np, 20_000, 1428, seed=3)
     data = sim.data
     eras_per_case = np.bincount(data.era_case)
     assert eras_per_case.min() >= 10 and eras_per_case.max() <= 30
     assert abs(eras_per_case.mean() - 20) < 0.5
-    cases_per_drug = np.diff(data.touched_col_ptr) / data.n_cases
-    assert 0.3 < cases_per_drug[0] < 0.5  # the most prevalent drug: 45% minus duplicate draws
-    assert np.median(cases_per_drug) < 0.01  # most drugs are rare
+    # Share of cases taking each drug, counted from the design itself (not from the generator's curve).
+    share = np.array([np.unique(data.era_case[data.col_rows[data.col_ptr[j]:data.col_ptr[j + 1]]]).size
+                      for j in range(data.n_covariates)]) / data.n_cases
+    common = np.flatnonzero((share >= 0.25) & (share <= 0.5))
+    assert 3 <= common.size <= 5 and {0, 1, 2} <= set(common.tolist())
+    assert share.max() <= 0.5 and np.all(share[5:] < 0.25)
+    assert np.mean(share < 0.01) > 0.9  # most drugs are rare
+    assert 4 < share.sum() < 7  # drugs per case
     assert np.all(data.case_events >= 1) and data.binary
     nonzero_share = np.mean(sim.true_beta != 0)
-    assert 0.01 < nonzero_share < 0.12
-    again = synthetic.generate(np, 4000, 200, seed=3).data
+    assert 0.02 < nonzero_share < 0.08  # sparse effects: 5% of drugs by default
+    again = synthetic.generate(np, 20_000, 1428, seed=3).data
     np.testing.assert_array_equal(again.era_events, data.era_events)
     np.testing.assert_array_equal(again.col_rows, data.col_rows)
+
+
+def reference_eras(case_id, observation_start, observation_end, event_case, event_day, exposure_case,
+                   exposure_drug, exposure_start, exposure_end, risk_window_start=0, risk_window_end=0,
+                   end_anchor="exposure_end", start_anchor="exposure_start") -> IntervalTables:
+    """The former per-case loop (kept here as the reference of the vectorised builder)."""
+    obs_start = np.asarray(observation_start, dtype=np.int64)
+    obs_end = np.asarray(observation_end, dtype=np.int64)
+    index_of_case = {int(c): i for i, c in enumerate(np.asarray(case_id).tolist())}
+    first_day = np.asarray(exposure_start if start_anchor == "exposure_start" else exposure_end, dtype=np.int64)
+    last_day = np.asarray(exposure_end if end_anchor == "exposure_end" else exposure_start, dtype=np.int64)
+    window_start, window_end = first_day + risk_window_start, last_day + risk_window_end
+    events_by_case: dict[int, list[int]] = {}
+    for c, d in zip(np.asarray(event_case).tolist(), np.asarray(event_day).tolist(), strict=True):
+        events_by_case.setdefault(index_of_case[int(c)], []).append(d)
+    windows_by_case: dict[int, list[tuple[int, int, int]]] = {}
+    for c, drug, s, e in zip(np.asarray(exposure_case).tolist(), np.asarray(exposure_drug).tolist(),
+                             window_start.tolist(), window_end.tolist(), strict=True):
+        windows_by_case.setdefault(index_of_case[int(c)], []).append((drug, s, e))
+    rows: list[tuple[int, int, int]] = []  # (case, length, events)
+    entries: list[tuple[int, int]] = []  # (row, drug)
+    for i, cid in enumerate(np.asarray(case_id).tolist()):
+        lo, hi = int(obs_start[i]), int(obs_end[i])
+        clipped = [(drug, max(s, lo), min(e, hi)) for drug, s, e in windows_by_case.get(i, []) if s <= hi and e >= lo
+                   and max(s, lo) <= min(e, hi)]
+        cuts = sorted({lo, hi + 1} | {s for _, s, _ in clipped} | {e + 1 for _, _, e in clipped})
+        events = np.sort(np.asarray(events_by_case.get(i, []), dtype=np.int64))
+        eras: dict[tuple[int, ...], list[int]] = {}
+        order: list[tuple[int, ...]] = []
+        for a, b_next in itertools.pairwise(cuts):
+            b = b_next - 1  # piece [a, b]
+            active = tuple(sorted({drug for drug, s, e in clipped if s <= a and e >= b}))
+            n_events = int(np.searchsorted(events, b, side="right") - np.searchsorted(events, a, side="left"))
+            if active not in eras:
+                eras[active] = [0, 0]
+                order.append(active)
+            eras[active][0] += b - a + 1
+            eras[active][1] += n_events
+        for active in order:
+            length, n_events = eras[active]
+            row = len(rows)
+            rows.append((int(cid), length, n_events))
+            entries.extend((row, drug) for drug in active)
+    rows_array = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+    entries_array = np.asarray(entries, dtype=np.int64).reshape(-1, 2)
+    return IntervalTables(
+        row_id=np.arange(rows_array.shape[0], dtype=np.int64), stratum_id=rows_array[:, 0],
+        time=rows_array[:, 1].astype(np.float64), y=rows_array[:, 2].astype(np.float64),
+        cov_row_id=entries_array[:, 0], cov_id=entries_array[:, 1],
+        cov_value=np.ones(entries_array.shape[0], dtype=np.float64),
+    )

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import statsmodels.api as sm
+from scipy import stats
 from scipy.special import gammaln
 
 from kernels.sccs import ccd, model, synthetic
@@ -192,3 +193,95 @@ def test_invalid_inputs_are_refused() -> None:
         ccd.fit(data, prior, beta0=np.zeros(data.n_covariates + 1))
     with pytest.raises(ValueError, match="non-negative"):
         ccd.fit(data, prior, case_weights=-np.ones(data.n_cases))
+
+
+@pytest.mark.parametrize("kind", ["normal", "laplace"])
+def test_log_posterior_minus_log_likelihood_is_the_prior_density(kind: str) -> None:
+    # Cyclops' parametrisation: Normal N(0, v); Laplace with variance v, i.e. scale 1 / sqrt(2 / v).
+    data = small_problem(seed=15)
+    variance = 0.3
+    prior = _prior(kind, variance, data.n_covariates, excluded=(1, 4))
+    penalised = np.array([j not in (1, 4) for j in range(data.n_covariates)])
+
+    def density(b: np.ndarray) -> float:
+        if kind == "normal":
+            return float(stats.norm.logpdf(b, loc=0.0, scale=math.sqrt(variance)).sum())
+        law = stats.laplace(loc=0.0, scale=1.0 / math.sqrt(2.0 / variance))
+        assert law.var() == pytest.approx(variance, rel=1e-12)
+        return float(law.logpdf(b).sum())
+
+    fit = ccd.fit(data, prior, TIGHT)
+    assert fit.log_posterior - fit.log_likelihood == pytest.approx(density(fit.beta[penalised]), rel=1e-12)
+    beta = np.random.default_rng(3).normal(size=data.n_covariates)
+    beta[2] = 0.0
+    assert model.log_prior(beta, prior) == pytest.approx(density(beta[penalised]), rel=1e-12)
+    assert model.log_prior(beta, _prior("none", 1.0, data.n_covariates)) == 0.0
+
+
+def _dense(data) -> np.ndarray:
+    dense = np.zeros((data.n_eras, data.n_covariates))
+    for j in range(data.n_covariates):
+        sl = slice(data.col_ptr[j], data.col_ptr[j + 1])
+        dense[data.col_rows[sl], j] = data.col_values[sl]
+    return dense
+
+
+def test_xbeta_criterion_is_genkins_relative_change_on_a_hand_built_case() -> None:
+    # Every case: an unexposed era of 100 days and an exposed one of 25 days (p = 25 / 125 of the time at b = 0).
+    # Weighted (c = 0 drops a case, c = 2 doubles it), no prior, so each cycle is one bounded Newton step on b:
+    #   G = -(sum c y1 - sum c n p(b)),  H = sum c n p (1 - p),  p(b) = 25 e^b / (100 + 25 e^b),
+    # and the paper's criterion after a cycle is sum_k c |d eta_k| / (1 + sum_k c |eta_k|) = M |d b| / (1 + M |b|)
+    # with M = sum c (one exposed era per case).
+    y = np.array([[1, 1], [2, 0], [0, 1], [1, 2], [3, 1], [1, 0]], dtype=float)
+    c = np.array([1.0, 2.0, 0.0, 1.0, 1.0, 2.0])
+    n_cases = y.shape[0]
+    data = from_coo(np.repeat(np.arange(n_cases), 2), np.tile([100.0, 25.0], n_cases), y.ravel(),
+                    nz_era=2 * np.arange(n_cases) + 1, nz_col=np.zeros(n_cases, dtype=np.int64),
+                    nz_value=np.ones(n_cases), n_covariates=1)
+    n = y.sum(axis=1)
+    m = c.sum()
+    b, trust, expected = 0.0, 1.0, []
+    for _ in range(3):
+        p = 25 * math.exp(b) / (100 + 25 * math.exp(b))
+        grad = -(np.sum(c * y[:, 1]) - np.sum(c * n * p))
+        hess = np.sum(c * n * p * (1 - p))
+        step = min(max(-grad / hess, -trust), trust)
+        trust = max(2 * abs(step), trust / 2)
+        b += step
+        expected.append(m * abs(step) / (1 + m * abs(b)))
+    assert expected[0] > expected[1] > expected[2]
+    prior = _prior("none", 1.0, 1)
+    for cycles in (1, 2, 3):
+        fit = ccd.fit(data, prior, FitOptions(tolerance=1e-300, max_iterations=cycles), case_weights=c)
+        assert fit.iterations == cycles and not fit.converged
+        assert fit.criterion == pytest.approx(expected[cycles - 1], rel=1e-12)
+    # The decision: the first cycle whose criterion is at most the tolerance stops the fit.
+    stops = ccd.fit(data, prior, FitOptions(tolerance=expected[1] * 1.0001), case_weights=c)
+    assert stops.converged and stops.iterations == 2
+    goes_on = ccd.fit(data, prior, FitOptions(tolerance=expected[1] * 0.9999, max_iterations=3), case_weights=c)
+    assert goes_on.iterations == 3 and goes_on.converged == (expected[2] <= expected[1] * 0.9999)
+
+
+def test_xbeta_criterion_of_the_first_cycle_from_the_returned_coefficients() -> None:
+    # Independently of the sparse updates: from b = 0, one cycle moves X b to X b1, so the criterion is
+    # sum_k c |X b1|_k / (1 + sum_k c |X b1|_k) over the eras (held-out cases, c = 0, do not count).
+    data = small_problem(seed=16, n_cases=150)
+    weights = np.random.default_rng(5).integers(0, 3, size=data.n_cases).astype(float)
+    prior = _prior("laplace", 0.5, data.n_covariates)
+    fit = ccd.fit(data, prior, FitOptions(tolerance=1e-300, max_iterations=1), case_weights=weights)
+    era_weight = weights[data.era_case]
+    size = np.sum(era_weight * np.abs(_dense(data) @ fit.beta))
+    assert size > 0 and fit.criterion == pytest.approx(size / (1 + size), rel=1e-10)
+    # Cycle 2 from its own start: the change is X (b2 - b1), the size X b2.
+    again = ccd.fit(data, prior, FitOptions(tolerance=1e-300, max_iterations=2), case_weights=weights)
+    change = np.sum(era_weight * np.abs(_dense(data) @ (again.beta - fit.beta)))
+    size = np.sum(era_weight * np.abs(_dense(data) @ again.beta))
+    assert again.criterion == pytest.approx(change / (1 + size), rel=1e-9)
+
+
+def test_fit_reports_every_cycle() -> None:
+    data = small_problem(seed=17)
+    calls: list[tuple[int, bool]] = []
+    fit = ccd.fit(data, _prior("normal", 1.0, data.n_covariates), TIGHT,
+                  on_cycle=lambda cycle, finished: calls.append((cycle, finished)))
+    assert calls == [(i, i == fit.iterations) for i in range(1, fit.iterations + 1)]

@@ -77,9 +77,11 @@ def test_batched_fits_equal_numpy_fits_one_by_one() -> None:
     beta0 = np.zeros((replicates, data.n_covariates))
     beta0[2] = 0.1
     host = ccd.numpy_batch_fitter(data, prior, options)(variances, weights, beta0, None)
-    done: list[int] = []
-    device = cuda.batch_fitter(data, prior, options, capacity=3)(variances, weights, beta0, done.append)
-    assert done == list(range(replicates))
+    calls: list[tuple[int, int]] = []
+    device = cuda.batch_fitter(data, prior, options, capacity=3)(
+        variances, weights, beta0, lambda finished, cycle: calls.append((finished, cycle)))
+    finished = [f for f, _ in calls]
+    assert finished == sorted(finished) and finished[-1] == replicates
     for h, d in zip(host, device, strict=True):
         _assert_same(h, d, seed)
 
@@ -138,3 +140,89 @@ def test_cross_validation_and_bootstrap_on_gpu_equal_numpy() -> None:
     assert np.max(np.abs(device_boot.estimates - host_boot.estimates)) < 1e-10 * max(
         1.0, float(np.max(np.abs(host_boot.estimates)))), f"seed {seed}"
     np.testing.assert_array_equal(device_boot.nonzero_share, host_boot.nonzero_share)
+
+
+def test_gpu_batch_reports_every_cycle_and_cancels_between_cycles() -> None:
+    from kernels.progress import JobCancelled
+    from kernels.sccs import cuda
+
+    seed, data = _fresh(n_cases=2000, n_drugs=30)
+    prior = Prior("laplace", 0.1, np.ones(data.n_covariates, dtype=bool))
+    options = FitOptions(tolerance=1e-9, convergence="gradient")
+    replicates = 8
+    weights = boot.case_weights(np, data.n_cases, 0, replicates, seed=seed)
+    variances = np.full(replicates, 0.1)
+    beta0 = np.zeros((replicates, data.n_covariates))
+    fitter = cuda.batch_fitter(data, prior, options, capacity=replicates)
+    calls: list[tuple[int, int]] = []
+    results = fitter(variances, weights, beta0, lambda finished, cycle: calls.append((finished, cycle)))
+    cycles = max(r.iterations for r in results)
+    assert cycles > 2, f"seed {seed}"
+    # One report per batched cycle; finished = replicates whose fit ended by then (monotone, ends at R).
+    assert [c for _, c in calls] == list(range(1, cycles + 1))
+    assert [f for f, _ in calls] == [sum(r.iterations <= c for r in results) for c in range(1, cycles + 1)]
+    assert calls[-1][0] == replicates
+
+    seen: list[int] = []
+
+    def cancel_at_second(finished: int, cycle: int) -> None:
+        seen.append(cycle)
+        if len(seen) == 2:
+            raise JobCancelled("cancelled")
+
+    with pytest.raises(JobCancelled):
+        fitter(variances, weights, beta0, cancel_at_second)
+    assert seen == [1, 2]  # the batch stopped after its second cycle, not at its end
+    again = fitter(variances, weights, beta0, None)  # the engine is reusable after a cancelled batch
+    for a, r in zip(again, results, strict=True):
+        np.testing.assert_array_equal(a.beta, r.beta)
+
+
+def test_gpu_bootstrap_progress_is_per_cycle_and_monotone() -> None:
+    import cupy
+
+    from kernels.sccs import cuda
+
+    seed, data = _fresh(n_cases=1500, n_drugs=20)
+    prior = Prior("laplace", 0.1, np.ones(data.n_covariates, dtype=bool))
+    options = FitOptions()
+    beta_hat = ccd.fit(data, prior, options).beta
+    device_data = data.to(cupy)
+    calls: list[tuple[int, int]] = []
+    result = boot.bootstrap(cupy, data.n_cases, cuda.batch_fitter(device_data, prior, options, capacity=6), 0.1,
+                            beta_hat, 12, seed=seed, chunk=6,
+                            on_cycle=lambda finished, cycle: calls.append((finished, cycle)))
+    finished = [f for f, _ in calls]
+    assert finished == sorted(finished) and finished[-1] == 12
+    # Two batches of 6: as many reports as the longest refit of each batch has cycles.
+    assert len(calls) == int(result.iterations[:6].max() + result.iterations[6:].max())
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_capacity_estimate_covers_the_measured_memory_per_replicate(precision: str) -> None:
+    import cupy
+
+    from kernels.sccs import cuda
+
+    seed, data = _fresh(n_cases=20_000, n_drugs=40)
+    device_data = data.to(cupy)
+    prior = Prior("normal", 0.5, np.ones(data.n_covariates, dtype=bool))
+    options = FitOptions(precision=precision, max_iterations=2)
+    beta_hat = np.full(data.n_covariates, 0.1)  # a warm start: the set-up's X b product runs
+    pool = cupy.get_default_memory_pool()
+
+    def pool_growth(capacity: int) -> int:
+        pool.free_all_blocks()
+        before = pool.total_bytes()
+        fitter = cuda.batch_fitter(device_data, prior, options, capacity)
+        boot.bootstrap(cupy, data.n_cases, fitter, 0.5, beta_hat, capacity, seed=seed, chunk=capacity)
+        cupy.cuda.Device().synchronize()
+        grown = pool.total_bytes() - before
+        del fitter
+        pool.free_all_blocks()
+        return grown
+
+    measured = (pool_growth(10) - pool_growth(2)) / 8
+    estimate = cuda.bytes_per_replicate(device_data, precision)
+    assert 0 < measured <= estimate, f"measured {measured:.0f} B per replicate, estimated {estimate} B"
+    assert estimate < 3 * measured, f"measured {measured:.0f} B per replicate, estimated {estimate} B"

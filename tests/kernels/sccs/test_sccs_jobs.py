@@ -87,8 +87,10 @@ def test_full_run_result_names_and_artifacts() -> None:
     assert progress.artifacts["bootstrap_estimates"]["estimates"].shape == (8, 6)
     assert progress.artifacts["cv_predictive_log_likelihood"]["coefficients"].shape == (3, 2, 6)
     assert progress.reports[-1] == (1.0, "done")
-    fits = [stage for _, stage in progress.reports if stage and stage.startswith("fit ")]
-    assert fits[-1] == "fit 15/15"  # 3 folds x 2 variances + 1 + 8
+    done = [_fits_done(stage) for _, stage in progress.reports if _fits_done(stage) is not None]
+    assert done[-1] == (15, 15)  # 3 folds x 2 variances + 1 + 8
+    fractions = [fraction for fraction, _ in progress.reports]
+    assert fractions == sorted(fractions)
     # The reported fit is the NumPy fit at the chosen variance (covariate 2 unpenalised).
     penalised = np.array([True, False, True, True, True, True])
     from kernels.sccs.jobs import load_tables
@@ -133,25 +135,118 @@ def test_run_time_errors_name_the_problem() -> None:
         run_fit(_params(), broken, LocalProgress())
 
 
-class _CancelAfter(LocalProgress):
-    def __init__(self, fits: int) -> None:
+def _fits_done(stage: str | None) -> tuple[int, int] | None:
+    """(done, total) of a per-cycle report "<stage>: 3/7 fits done, cycle 2"."""
+    if not stage or "fits done" not in stage:
+        return None
+    done, total = stage.split(": ")[1].split(" ")[0].split("/")
+    return int(done), int(total)
+
+
+class _CancelAt(LocalProgress):
+    """Requests the cancel at the ``report``-th per-cycle report of ``stage``."""
+
+    def __init__(self, stage: str, report: int) -> None:
         super().__init__()
-        self.fits = fits
+        self.stage, self.report, self.seen, self.requested_at = stage, report, 0, None
 
     def __call__(self, fraction: float, stage: str | None = None) -> None:
         super().__call__(fraction, stage)
-        if stage and stage.startswith("fit ") and int(stage.split()[1].split("/")[0]) >= self.fits:
-            self.cancel()
+        if stage and stage.startswith(self.stage + ":"):
+            self.seen += 1
+            if self.seen == self.report:
+                self.requested_at = len(self.reports)
+                self.cancel()
 
 
-def test_cancel_between_fits() -> None:
-    progress = _CancelAfter(fits=3)
+def test_cancel_during_cross_validation() -> None:
+    progress = _CancelAt("cross-validation", report=1)
     params = _params(prior={"type": "normal"}, cross_validation={"folds": 3, "grid": [0.1, 1.0]})
     with pytest.raises(JobCancelled):
         run_fit(params, _frames(), progress)
-    fit_reports = [stage for _, stage in progress.reports if stage and stage.startswith("fit ")]
-    assert fit_reports[-1] == "fit 4/7"  # 3 folds x 2 variances + 1 final fit
-    assert len(fit_reports) == 4  # cancelled at the first checkpoint after the request
+    assert len(progress.reports) == progress.requested_at + 1  # the very next checkpoint raised
+    assert _fits_done(progress.reports[-1][1])[0] <= 1  # after one more CCD cycle, not after the batch
+
+
+def test_cancel_mid_bootstrap_stops_within_a_cycle_and_progress_is_per_cycle() -> None:
+    frames = _frames(seed=44)
+    params = _params(prior={"type": "laplace", "variance": 0.1}, bootstrap={"replicates": 20, "seed": 2})
+    full = LocalProgress()
+    run_fit(params, frames, full)
+    fractions = [fraction for fraction, _ in full.reports]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    boot_reports = [_fits_done(stage) for _, stage in full.reports if stage and stage.startswith("bootstrap:")]
+    # One report per CCD cycle of every refit, so several per batch of 10 (NumPy chunk).
+    assert len(boot_reports) == int(full.artifacts["bootstrap_estimates"]["iterations"].sum())
+    first_batch = [done for done, _ in boot_reports if done < 1 + 10]
+    assert len(first_batch) > 10
+
+    progress = _CancelAt("bootstrap", report=3)
+    with pytest.raises(JobCancelled):
+        run_fit(params, frames, progress)
+    assert len(progress.reports) == progress.requested_at + 1  # stopped at the next cycle
+    assert progress.reports[:-1] == full.reports[:len(progress.reports) - 1]
+    done, total = _fits_done(progress.reports[-1][1])
+    assert total == 21 and done < 1 + 10  # inside the first bootstrap batch
+    assert "bootstrap_estimates" not in progress.artifacts
+
+
+def test_spec_defaults_are_the_issues() -> None:
+    params = SccsParams.model_validate({"outcomes_dataset_id": "o", "covariates_dataset_id": "c"})
+    assert params.names_dataset_id is None
+    assert params.prior.type == "laplace" and params.prior.variance == 1.0 and params.prior.exclude == []
+    assert params.cross_validation is None and params.bootstrap is None
+    assert params.tolerance == 5e-4 and params.convergence == "xbeta"
+    assert params.max_iterations == 1000 and params.precision == "float64"
+    cv = _params(cross_validation={}).cross_validation
+    assert cv.folds == 10 and cv.grid == "auto" and len(cv.variances()) == 10
+    assert _params(bootstrap={}).bootstrap.replicates == 200
+    eras = get_kind("sccs_eras").params_model.model_validate(
+        {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x"})
+    assert (eras.risk_window_start, eras.start_anchor) == (0, "exposure_start")
+    assert (eras.risk_window_end, eras.end_anchor) == (0, "exposure_end")
+
+
+@pytest.mark.parametrize("kind", ["normal", "none"])
+def test_nonzero_share_is_null_without_the_laplace_prior(kind: str) -> None:
+    result = run_fit(_params(prior={"type": kind, "variance": 0.03}, bootstrap={"replicates": 6, "seed": 1}),
+                     _frames(), LocalProgress())
+    assert all(c["nonzero_share"] is None for c in result["coefficients"])
+    assert all(c["ci_lower"] is not None for c in result["coefficients"])
+
+
+def test_nonzero_share_under_laplace_counts_the_nonzero_refits() -> None:
+    progress = LocalProgress()
+    result = run_fit(_params(prior={"type": "laplace", "variance": 0.03}, bootstrap={"replicates": 20, "seed": 1}),
+                     _frames(), progress)
+    shares = np.array([c["nonzero_share"] for c in result["coefficients"]])
+    estimates = progress.artifacts["bootstrap_estimates"]["estimates"]
+    np.testing.assert_array_equal(shares * 20, np.count_nonzero(estimates, axis=0))
+    assert np.any((shares > 0) & (shares < 1))  # some drugs enter only some refits
+    assert np.all(shares[np.array([c["estimate"] for c in result["coefficients"]]) != 0] > 0)
+
+
+def test_cv_curve_reports_non_converged_folds() -> None:
+    frames = _frames()
+    grid = {"folds": 3, "grid": [0.05, 0.5]}
+    converged = run_fit(_params(prior={"type": "normal"}, cross_validation=grid), frames, LocalProgress())
+    assert [p["non_converged_folds"] for p in converged["cv_curve"]] == [0, 0]
+    assert all(1 <= i < 1000 for p in converged["cv_curve"] for i in p["fold_iterations"])
+    progress = LocalProgress()
+    capped = run_fit(_params(prior={"type": "normal"}, cross_validation=grid, tolerance=1e-12, max_iterations=2),
+                     frames, progress)
+    assert [p["non_converged_folds"] for p in capped["cv_curve"]] == [3, 3]
+    assert [p["fold_iterations"] for p in capped["cv_curve"]] == [[2, 2, 2], [2, 2, 2]]
+    assert not progress.artifacts["cv_predictive_log_likelihood"]["converged"].any()
+    assert not capped["converged"]
+
+
+def test_duplicate_names_are_refused_with_the_id() -> None:
+    frames = _frames()
+    names = frames["names_dataset_id"]
+    frames["names_dataset_id"] = pd.concat([names, pd.DataFrame({"covariateId": [4], "covariateName": ["again"]})])
+    with pytest.raises(ValueError, match="covariateId 4 more than once"):
+        run_fit(_params(), frames, LocalProgress())
 
 
 def _person_frames(dates: bool) -> dict[str, pd.DataFrame]:
@@ -187,6 +282,22 @@ def test_eras_kind_builds_the_hand_worked_tables(dates: bool) -> None:
                   {"outcomes_dataset_id": outcomes, "covariates_dataset_id": progress.artifacts["covariates"]},
                   LocalProgress())
     assert fit["dropped_cases"] == 1 and [c["covariate_id"] for c in fit["coefficients"]] == [7, 8]
+
+
+def test_eras_kind_anchors_the_window_start_at_exposure_end() -> None:
+    # Windows [end + 1, end + 10]: case 1 drug 7 [20, 29], drug 8 [30, 39]; case 2 drug 7 [106, 115].
+    # Case 1: [0,19] none, [20,29] {7}, [30,39] {8}, [40,99] none; events 5, 12, 16, 16, 50 are all baseline.
+    # Case 2: [100,105] none (event 101), [106,115] {7}, [116,130] none (event 120). Case 3: baseline.
+    params = get_kind("sccs_eras").params_model.model_validate(
+        {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x", "risk_window_start": 1,
+         "start_anchor": "exposure_end", "risk_window_end": 10, "end_anchor": "exposure_end"})
+    progress = LocalProgress()
+    get_kind("sccs_eras").run(params, _person_frames(False), progress)
+    outcomes, covariates = progress.artifacts["outcomes"], progress.artifacts["covariates"]
+    assert outcomes["stratumId"].tolist() == [1, 1, 1, 2, 2, 3]
+    assert outcomes["time"].tolist() == [80, 10, 10, 21, 10, 10]
+    assert outcomes["y"].tolist() == [5, 0, 0, 2, 0, 0]
+    assert covariates["rowId"].tolist() == [1, 2, 4] and covariates["covariateId"].tolist() == [7, 8, 7]
 
 
 def test_eras_kind_rejects_events_of_unknown_cases() -> None:

@@ -4,7 +4,15 @@ Numerics modules only (no pydantic/pandas), so it runs on the bare GPU machine. 
 ``dualcontrol_solve`` spec defaults. Each row is one full solve (coarse levels included), timed after
 device synchronisation; the CUDA module is compiled by a warm-up solve before the first timed row.
 
+Stopping rule (``--criterion``, printed in the header and in every row): ``macqueen_porteus`` (default, the
+service's default) stops when the width of the MacQueen-Porteus bounds, delta/(1-delta) (max d - min d) with
+d = V_new - V, falls below the tolerance relative to max |V|; ``sup_norm`` is the paper's rule,
+delta/(1-delta) max |d| relative to max |V|. The paper's algorithm is ``--acceleration none --criterion
+sup_norm``.
+
     python3 bench/dualcontrol_bench.py --device gpu --sizes 64 128 256 --policies optimal
+    python3 bench/dualcontrol_bench.py --device gpu --sizes 64 128 --policies optimal --acceleration none \
+        --criterion sup_norm
     python3 bench/dualcontrol_bench.py --device cpu --sizes 32 --policies inert myopic optimal
 """
 
@@ -23,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels.backend import device_label, get_namespace, synchronize, to_numpy
 from kernels.dualcontrol.grid import interpolate, make_state_grid
 from kernels.dualcontrol.model import ModelParams
-from kernels.dualcontrol.solve import SolveSettings, solve
+from kernels.dualcontrol.solve import Criterion, SolveSettings, solve
 
 # spec defaults (kernels/dualcontrol/spec.py)
 MODEL = ModelParams(alpha=0.0, gamma=0.7, sigma_eps=1.0, delta=0.95, omega=1.0, xbar=1.0, ubar=0.0)
@@ -38,9 +46,18 @@ def grid_of(n: int):
 # acceleration variants: (modified policy iteration sweeps, coarse-to-fine); only the latter applies to the
 # inert and myopic policies, which are policy evaluations already
 VARIANTS = {"full": (20, True), "mpi": (20, False), "c2f": (0, True), "none": (0, False)}
+RULE_TEXT = {
+    "macqueen_porteus": "k (max d - min d) / max|V| < tol, k = delta/(1-delta), d = V_new - V",
+    "sup_norm": "the paper's k max|d| / max|V| < tol, k = delta/(1-delta), d = V_new - V",
+}
 
 
-def run_one(xp, n: int, policy: str, variant: str, nodes: int, max_iterations: int, dtype) -> dict:
+CRITERIA = ("macqueen_porteus", "sup_norm")
+
+
+def run_one(
+    xp, n: int, policy: str, variant: str, nodes: int, max_iterations: int, dtype, criterion: Criterion
+) -> dict:
     grid = grid_of(n)
     sweeps, coarse_to_fine = VARIANTS[variant]
     settings = SolveSettings(
@@ -50,6 +67,7 @@ def run_one(xp, n: int, policy: str, variant: str, nodes: int, max_iterations: i
         evaluation_sweeps=sweeps,
         coarse_to_fine=coarse_to_fine,
         coarsest_size=16,
+        criterion=criterion,
         quadrature_nodes=nodes,
         dtype=dtype,
     )
@@ -64,6 +82,8 @@ def run_one(xp, n: int, policy: str, variant: str, nodes: int, max_iterations: i
         "n": n,
         "policy": policy,
         "acceleration": variant if policy == "optimal" else ("c2f" if coarse_to_fine else "none"),
+        "criterion": criterion,
+        "tolerance": TOLERANCE[policy],
         "nodes": nodes,
         "precision": np.dtype(dtype).name,
         "seconds": round(seconds, 3),
@@ -87,7 +107,15 @@ def main() -> None:
         nargs="+",
         choices=list(VARIANTS),
         default=["full"],
-        help="full = modified policy iteration + coarse-to-fine, mpi / c2f = one of them, none = the paper's",
+        help="full = modified policy iteration + coarse-to-fine, mpi / c2f = one of them, none = neither (the "
+        "paper's algorithm when combined with --criterion sup_norm)",
+    )
+    parser.add_argument(
+        "--criterion",
+        choices=CRITERIA,
+        default="macqueen_porteus",
+        help="stopping rule: macqueen_porteus = width of the MacQueen-Porteus bounds (the service's default), "
+        "sup_norm = the paper's delta/(1-delta) scaled sup-norm step; both relative to max |V|",
     )
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--precision", choices=["float64", "float32"], default="float64")
@@ -99,9 +127,13 @@ def main() -> None:
     xp = get_namespace(args.device)
     dtype = np.float64 if args.precision == "float64" else np.float32
     print(f"device: {device_label(xp)}", flush=True)
+    print(
+        f"stopping rule: {args.criterion} ({RULE_TEXT[args.criterion]}); tolerances {TOLERANCE}",
+        flush=True,
+    )
     if args.device == "gpu":
         for policy in ("inert", "myopic", "optimal"):  # compiles the CUDA module and CuPy's own kernels
-            run_one(xp, 32, policy, "full", 4, 3, dtype)
+            run_one(xp, 32, policy, "full", 4, 3, dtype, args.criterion)
     rows, spent = [], 0.0
     for n in args.sizes:
         for policy in args.policies:
@@ -114,18 +146,21 @@ def main() -> None:
                 if spent > args.budget:
                     print(f"skipped n={n} {policy} {variant}: budget spent", flush=True)
                     continue
-                row = run_one(xp, n, policy, variant, args.nodes, args.max_iterations, dtype)
+                row = run_one(xp, n, policy, variant, args.nodes, args.max_iterations, dtype, args.criterion)
                 spent += row["seconds"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print(f"\n{'n^3':>6} {'policy':>8} {'accel':>5} {'seconds':>9} {'iters':>6} {'sweeps':>6} conv  V(states)")
+    print(f"\nstopping rule: {args.criterion}")
+    header = f"{'n^3':>6} {'policy':>8} {'accel':>5} {'rule':>16} {'seconds':>9} {'iters':>6} {'sweeps':>6} conv"
+    print(f"{header}  V(states)")
     for r in rows:
         print(
-            f"{r['n']:>6} {r['policy']:>8} {r['acceleration']:>5} {r['seconds']:>9.3f} "
+            f"{r['n']:>6} {r['policy']:>8} {r['acceleration']:>5} {r['criterion']:>16} {r['seconds']:>9.3f} "
             f"{r['iterations']:>6} {r['evaluation_sweeps']:>6} {r['converged']!s:>5} {r['values_at_states']}"
         )
     if args.json:
-        args.json.write_text(json.dumps({"device": device_label(xp), "rows": rows}, indent=1))
+        summary = {"device": device_label(xp), "criterion": args.criterion, "rows": rows}
+        args.json.write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

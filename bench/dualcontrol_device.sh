@@ -2,6 +2,9 @@
 # Dual-control GPU validation and benchmarks on the lent machine, in one call:
 #   bash bench/dualcontrol_device.sh validate   # GPU==NumPy tests, then 64^3/128^3/256^3 timings
 #   bash bench/dualcontrol_device.sh bench      # timings only, with and without acceleration
+#   bash bench/dualcontrol_device.sh paper      # optimal policy at 64^3 and 128^3 under the paper's stopping
+#                                               # rule (delta/(1-delta) sup-norm): plain VI (the paper's
+#                                               # algorithm) and full acceleration
 # Logs and JSON go to $OUT; a summary table is printed last.
 set -u -o pipefail
 MODE=${1:-validate}
@@ -18,6 +21,9 @@ if [ "$MODE" = validate ]; then
     2>&1 | tee "$OUT/dc_small.log" | grep -v '^{'
   timeout 140 python3 $B --device gpu --sizes 256 --policies optimal inert myopic --json "$OUT/dc_256.json" \
     2>&1 | tee "$OUT/dc_256.log" | grep -v '^{'
+elif [ "$MODE" = paper ]; then
+  timeout 240 python3 $B --device gpu --sizes 64 128 --policies optimal --acceleration none full \
+    --criterion sup_norm --json "$OUT/dc_paper_rule.json" 2>&1 | tee "$OUT/dc_paper_rule.log" | grep -v '^{'
 else
   ALL="--acceleration full mpi c2f none"
   timeout 45 python3 $B --device gpu --sizes 64 --policies inert myopic optimal $ALL --json "$OUT/dc_64.json" \
@@ -28,7 +34,8 @@ else
     --json "$OUT/dc_256.json" 2>&1 | tee "$OUT/dc_256.log" | grep -v '^{'
   timeout 25 python3 $B --device gpu --sizes 256 --policies optimal --precision float32 \
     --json "$OUT/dc_256_f32.json" 2>&1 | tee "$OUT/dc_256_f32.log" | grep -v '^{'
-  # the paper's algorithm (plain value iteration, cold start) at 256^3, last: it takes the remaining time
+  # plain value iteration, cold start (the paper's iteration, but the MacQueen-Porteus stopping rule; the
+  # paper's own sup-norm rule: mode paper) at 256^3, last: it takes the remaining time
   timeout 200 python3 $B --device gpu --sizes 256 --policies optimal --acceleration none \
     --json "$OUT/dc_256_plain.json" 2>&1 | tee "$OUT/dc_256_plain.log" | grep -v '^{'
 fi

@@ -1,12 +1,33 @@
 #!/usr/bin/env bash
-# Krusell-Smith on the lent GPU: GPU-vs-NumPy tests, then the benchmarks; logs under $OUT.
+# Krusell-Smith on the lent GPU; logs under $OUT.
+#   bash bench/ks_device.sh          # GPU-vs-NumPy tests, then the full benchmark list (as in bench/RESULTS.md)
+#   bash bench/ks_device.sh graph    # GPU tests, then before/after of the CUDA-graph panel loop and of the
+#                                    # Euler convergence check every 10 steps (--no-graph --check-every 1 = before)
 set -o pipefail
+MODE=${1:-all}
 OUT=${OUT:-/tmp/ks_out}; mkdir -p "$OUT"
 nvidia-smi -L; python3 -c 'import cupy; print("cupy", cupy.__version__)'
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 lscpu | grep -m1 'Model name'
-python3 -m pytest tests/kernels/ks/test_ks_gpu.py -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/ks_gpu_tests.log"
+timeout 300 python3 -m pytest tests/kernels/ks/test_ks_gpu.py -q -rs -p no:cacheprovider -o addopts="" 2>&1 \
+  | tee "$OUT/ks_gpu_tests.log"
 B="python3 bench/ks_bench.py"
+if [ "$MODE" = graph ]; then
+  {
+    for G in --graph --no-graph; do
+      $B panel --n-agents 10000000 --periods 1000 --interpolation catmull_rom --precision float64 $G
+      $B panel --n-agents 1000000 --periods 1000 --interpolation catmull_rom --precision float64 $G
+      $B panel --n-agents 10000 --periods 1000 --interpolation catmull_rom --precision float64 $G
+    done
+    $B solve --k-size 500 --K-size 50 --n-agents 10000000 --interpolation catmull_rom
+    $B solve --k-size 500 --K-size 50 --n-agents 10000000 --interpolation catmull_rom --no-graph --check-every 1
+    $B solve --k-size 100 --K-size 4 --n-agents 10000 --interpolation catmull_rom
+    $B solve --k-size 100 --K-size 4 --n-agents 10000 --interpolation catmull_rom --no-graph --check-every 1
+  } 2>&1 | tee "$OUT/ks_graph_bench.log"
+  echo "== summary"; python3 bench/ks_bench.py summary --log "$OUT/ks_graph_bench.log"
+  tail -3 "$OUT/ks_gpu_tests.log"
+  exit 0
+fi
 {
   $B panel --n-agents 10000000 --periods 1000 --interpolation catmull_rom --precision float64
   $B panel --n-agents 10000000 --periods 1000 --interpolation catmull_rom --precision float32

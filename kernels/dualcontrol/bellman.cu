@@ -154,8 +154,10 @@ extern "C" __global__ void dc_improve(const real* params, const real* gx, const 
     }
 
     const real g = (real)INVERSE_GOLDEN_RATIO;
-    real a = fmax(lo, best_u - step);
-    real b = fmin(hi, best_u + step);
+    // Centre clamped into the bracket (minimize.py): a previous policy outside [lo, hi] must not invert a > b.
+    real cell_centre = fmin(fmax(best_u, lo), hi);
+    real a = fmax(lo, cell_centre - step);
+    real b = fmin(hi, cell_centre + step);
     real c = b - g * (b - a);
     real d = a + g * (b - a);
     real fc = q_value(P, c, x, mu, S);

@@ -3,9 +3,9 @@
 Per point: the objective is evaluated at the start candidates (the myopic control, the previous policy)
 and at ``scan_points`` equally spaced controls across the bracket (the restarts that guard against the
 non-convexity of the dual-control objective); golden-section search then refines inside the scan cell
-around the best point so far, for a fixed number of steps so that all points move in lockstep (the CUDA
-kernel in bellman.cu runs the same sequence per thread). The answer is never worse than the best point
-evaluated: that is the safeguard.
+around the best point so far (clamped into the bracket), for a fixed number of steps so that all points
+move in lockstep (the CUDA kernel in bellman.cu runs the same sequence per thread). The answer is never
+worse than the best point evaluated: that is the safeguard.
 """
 
 from __future__ import annotations
@@ -47,8 +47,13 @@ def golden_section_minimise(
     for j in range(scan_points):
         keep_better(lo + float(j) * step)
 
-    a = xp.maximum(lo, best_u - step)
-    b = xp.minimum(hi, best_u + step)
+    # The golden-section cell is centred on the best point so far, clamped into the bracket first: a start
+    # candidate (the previous policy) may lie outside [lo, hi] when the bracket has moved since, and beyond
+    # hi + step (or lo - step) an unclamped centre would give an inverted cell a > b that searches outside
+    # the bracket. The candidate itself stays in the running through best_u/best_q (the safeguard).
+    centre = xp.minimum(xp.maximum(best_u, lo), hi)
+    a = xp.maximum(lo, centre - step)
+    b = xp.minimum(hi, centre + step)
     g = INVERSE_GOLDEN_RATIO
     c = b - g * (b - a)
     d = a + g * (b - a)

@@ -11,8 +11,14 @@ Tables have shape (planes, k_size, K_size) (K fastest); each point names its pla
   (the texture's clamp addressing mode).
 
 Catmull-Rom reproduces polynomials of degree <= 2 exactly and is third-order accurate; it is *not* exact
-on cubics (x^3 on nodes -1, 0, 1, 2 gives 0.109375 at x = 0.25 instead of 0.015625), since its node
-slopes are central differences. The tests check the quadratic exactness and the O(h^3) error.
+on cubic polynomials, not even in the interior, since its node slopes are central differences
+(exact for quadratics only). The issue's wish "exact on cubic polynomials in the interior" cannot hold for
+the paper's filter. Counter-example: f(x) = x^3 on the nodes -1, 0, 1, 2 (h = 1), at x = 0.25 the weights
+(-0.0703125, 0.8671875, 0.2265625, -0.0234375) give 0.109375 instead of 0.015625. In general the interior
+error on c x^3 at fraction a of a cell is c h^3 a (1 - a)(1 - 2 a): zero only at the nodes and the cell
+midpoints, at most c h^3 sqrt(3)/18 in absolute value (the four-point Lagrange filter would be exact on
+cubics, but it is not the paper's Algorithm A.2 and not C^1). tests/kernels/ks/test_ks_numerics.py checks
+the quadratic exactness, this exact cubic error term and its eightfold fall per halving of h.
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ Method = Literal["bilinear", "catmull_rom"]
 
 
 def catmull_rom_weights(xp: ModuleType, a: Any) -> tuple[Any, Any, Any, Any]:
-    """The four Catmull-Rom weights at fraction a in [0, 1] (Algorithm A.2, catrom_w0a..w3a)."""
+    """The four Catmull-Rom weights at fraction a in [0, 1] (Algorithm A.2, catrom_w0a..w3a).
+
+    They reproduce quadratics, not cubics: see the module docstring for the counter-example.
+    """
     w0 = a * (-0.5 + a * (1.0 - 0.5 * a))
     w1 = 1.0 + a * a * (-2.5 + 1.5 * a)
     w2 = a * (0.5 + a * (2.0 - 1.5 * a))

@@ -7,8 +7,14 @@ ever stored and the GPU kernel draws in registers exactly the numbers of the arr
 
 On the GPU one CUDA kernel per period (``PANEL_CUDA_SOURCE``) moves every agent, draws its shock and
 reduces the new capital deterministically (per-block partial sums, then the last block to finish sums
-them in a fixed order and writes K_{t+1} to device memory). The host only enqueues kernels: no copy and no
-synchronisation inside the period loop, and the panel stays on the device across outer iterations.
+them in a fixed order and writes K_{t+1} to device memory). :class:`CudaPanel` owns the device buffers of
+one panel configuration (fixed N, shock path, seed and stream): they keep their addresses, so the period
+loop is captured once as CUDA graphs (one per ``periods_per_graph`` periods) and replayed on every call with
+the policy, k_0 and eps_0 copied in place - the solve's outer iterations replay the same graphs. Nothing in
+the loop needs the host: K_t is read by the kernel from device memory, the per-period scalars (t, a_t and
+the conditional employment probabilities) are fixed by the shock path, the buffers are allocated before
+capture, and the host only waits, at most two chunks behind, to report progress. Where capture fails, the
+same kernels are launched per period on the same stream (identical arithmetic, hence identical bits).
 """
 
 from __future__ import annotations
@@ -81,17 +87,22 @@ def simulate_panel(
     checkpoint: Checkpoint | None = None,
     checkpoint_every: int = 100,
     use_kernel: bool | None = None,
+    use_graph: bool = False,
 ) -> PanelResult:
     """Simulate len(a_path) - 1 periods from (k0, employed0); returns K_0..K_{T-1} and the final panel.
 
     ``a_path`` holds a_0 .. a_T (T + 1 states: the last one only drives eps_T). ``k0`` fixes the precision
     (float64 or float32; means are accumulated in float64). Inputs are not modified.
+
+    On the GPU this builds a one-off :class:`CudaPanel`; ``use_graph`` captures its loop first (worth it only
+    when the panel is simulated again: keep the engine and call :meth:`CudaPanel.simulate`, as the solve does).
     """
     if use_kernel is None:
         use_kernel = is_gpu(xp)
     if use_kernel:
-        return _simulate_cuda(xp, cal, grids, method, policy, k0, employed0, a_path, seed, stream, checkpoint,
-                              checkpoint_every)
+        engine = CudaPanel(xp, cal, grids, method, k0.dtype, k0.shape[0], a_path, seed, stream,
+                           use_graph=use_graph, periods_per_graph=checkpoint_every)
+        return engine.simulate(policy, k0, employed0, checkpoint)
     periods = len(a_path) - 1
     dtype = k0.dtype
     table = xp.asarray(policy, dtype=dtype).reshape(4, grids.k_size, grids.K_size)
@@ -188,32 +199,114 @@ def _panel_kernel(real: str) -> Any:
     return cupy.RawModule(code=panel_cuda_source(real), options=("--std=c++14",)).get_function("ks_panel_step")
 
 
-def _simulate_cuda(xp: ModuleType, cal: Calibration, grids: Grids, method: Method, policy: Any, k0: Any,
-                   employed0: Any, a_path: np.ndarray, seed: int, stream: int, checkpoint: Checkpoint | None,
-                   checkpoint_every: int) -> PanelResult:
-    periods = len(a_path) - 1
-    dtype = np.dtype(k0.dtype)
-    real = "double" if dtype == np.float64 else "float"
-    kernel = _panel_kernel(real)
-    table = xp.ascontiguousarray(xp.asarray(policy, dtype=dtype).reshape(4, grids.k_size, grids.K_size))
-    k_nodes = xp.asarray(grids.k, dtype=dtype)
-    k = k0.copy()
-    employed = employed0.copy()
-    n = k.shape[0]
-    blocks = min((n + _THREADS - 1) // _THREADS, _MAX_BLOCKS)
-    partial = xp.zeros(blocks, dtype=xp.float64)
-    ticket = xp.zeros(1, dtype=xp.uint32)
-    capital_path = xp.empty(periods + 1, dtype=xp.float64)
-    capital_path[0] = xp.clip(xp.mean(k, dtype=xp.float64), grids.K_min, grids.K_max)
-    emp_prob = conditional_employment(cal)
-    grid = grid_args(grids, dtype)
-    code = np.int32(method_code(method))
-    for t in range(periods):
-        a_now, a_next = int(a_path[t]), int(a_path[t + 1])
-        kernel((blocks,), (_THREADS,), (
-            table, k_nodes, k, employed, capital_path, partial, ticket, np.int64(n), np.int32(t), np.int32(a_now),
-            np.float64(emp_prob[a_now, a_next, 0]), np.float64(emp_prob[a_now, a_next, 1]), np.uint64(seed),
-            np.uint64(stream), *grid, code))
-        if checkpoint is not None and (t + 1) % checkpoint_every == 0:
-            checkpoint(t + 1)
-    return PanelResult(xp.asnumpy(capital_path[:periods]), k, employed)
+class CudaPanel:
+    """Device buffers, the panel kernel and (where capture works) the captured period loop of one panel.
+
+    Fixed at construction: the model, grids, method, precision, N, the aggregate path a_0 .. a_T, the seed
+    and the Philox stream. Each :meth:`simulate` copies the policy, k_0 and eps_0 into the buffers in place
+    and replays the loop, on a private non-blocking stream ordered after the caller's stream by events.
+    """
+
+    def __init__(self, xp: ModuleType, cal: Calibration, grids: Grids, method: Method, dtype: Any, n_agents: int,
+                 a_path: np.ndarray, seed: int, stream: int = STREAM_IDIOSYNCRATIC, use_graph: bool = True,
+                 periods_per_graph: int = 100) -> None:
+        if periods_per_graph < 1:
+            raise ValueError(f"periods_per_graph must be positive, not {periods_per_graph}")
+        self.xp, self.grids = xp, grids
+        self.dtype = np.dtype(dtype)
+        self.periods = len(a_path) - 1
+        self.n = int(n_agents)
+        self.kernel = _panel_kernel("double" if self.dtype == np.float64 else "float")
+        # zeros, not empty: the warm-up launch before capture reads them (NaN garbage would index out of range)
+        self.table = xp.zeros((4, grids.k_size, grids.K_size), dtype=self.dtype)
+        self.k_nodes = xp.asarray(grids.k, dtype=self.dtype)
+        self.k = xp.zeros(self.n, dtype=self.dtype)
+        self.employed = xp.zeros(self.n, dtype=xp.uint8)
+        self.blocks = min((self.n + _THREADS - 1) // _THREADS, _MAX_BLOCKS)
+        self.partial = xp.zeros(self.blocks, dtype=xp.float64)
+        self.ticket = xp.zeros(1, dtype=xp.uint32)  # the kernel's atomicInc leaves it at 0 after every period
+        self.capital_path = xp.zeros(self.periods + 1, dtype=xp.float64)
+        emp_prob = conditional_employment(cal)
+        grid = grid_args(grids, self.dtype)
+        code = np.int32(method_code(method))
+        # every kernel argument of every period, fixed once: device pointers of the buffers and host scalars
+        self._args = [
+            (self.table, self.k_nodes, self.k, self.employed, self.capital_path, self.partial, self.ticket,
+             np.int64(self.n), np.int32(t), np.int32(a_path[t]),
+             np.float64(emp_prob[a_path[t], a_path[t + 1], 0]), np.float64(emp_prob[a_path[t], a_path[t + 1], 1]),
+             np.uint64(seed), np.uint64(stream), *grid, code)
+            for t in range(self.periods)
+        ]
+        self.chunks = [(t, min(t + periods_per_graph, self.periods)) for t in range(0, self.periods, periods_per_graph)]
+        self.stream = xp.cuda.Stream(non_blocking=True)
+        self.graphs: list[Any] | None = None
+        self.graph_used = False
+        if use_graph and self.periods > 0:
+            try:
+                self._capture()
+                self.graph_used = True
+            except Exception:  # capture unsupported here: launch per period instead (the same kernels)
+                self.graphs = None
+
+    def _launch(self, first: int, stop: int) -> None:
+        for t in range(first, stop):
+            self.kernel((self.blocks,), (_THREADS,), self._args[t])
+
+    def _capture(self) -> None:
+        self.xp.cuda.get_current_stream().synchronize()  # the buffers were zeroed on the caller's stream
+        with self.stream:
+            # one launch outside capture so that nothing is loaded lazily while capturing; it works on the
+            # buffers' current (meaningless) contents and is overwritten by every simulate
+            self._launch(0, 1)
+        self.stream.synchronize()
+        graphs = []
+        with self.stream:
+            for first, stop in self.chunks:
+                self.stream.begin_capture()
+                try:
+                    self._launch(first, stop)
+                finally:
+                    graph = self.stream.end_capture()
+                graphs.append(graph)
+        self.graphs = graphs
+
+    def _run_chunk(self, index: int) -> None:
+        if self.graphs is not None:
+            self.graphs[index].launch(self.stream)
+        else:
+            with self.stream:
+                self._launch(*self.chunks[index])
+
+    def simulate(self, policy: Any, k0: Any, employed0: Any, checkpoint: Checkpoint | None = None) -> PanelResult:
+        """As :func:`simulate_panel` for this configuration; ``checkpoint(t)`` after each chunk has run."""
+        xp = self.xp
+        if k0.shape != (self.n,) or np.dtype(k0.dtype) != self.dtype:
+            raise ValueError(f"k0 must be {self.dtype} of shape ({self.n},), not {k0.dtype} {k0.shape}")
+        caller = xp.cuda.get_current_stream()
+        inputs_ready = xp.cuda.Event(disable_timing=True)
+        inputs_ready.record(caller)  # the policy and the start panel were written on the caller's stream
+        self.stream.wait_event(inputs_ready)
+        with self.stream:
+            self.table[...] = xp.asarray(policy, dtype=self.dtype).reshape(self.table.shape)
+            self.k[...] = k0
+            self.employed[...] = employed0
+            self.capital_path[0] = xp.clip(xp.mean(self.k, dtype=xp.float64), self.grids.K_min, self.grids.K_max)
+        pending: list[tuple[int, Any]] = []
+        for index in range(len(self.chunks)):
+            self._run_chunk(index)
+            if checkpoint is not None:
+                done = xp.cuda.Event(disable_timing=True)
+                done.record(self.stream)
+                pending.append((self.chunks[index][1], done))
+                if len(pending) == 2:  # keep one chunk queued behind the one the host waits for
+                    period, event = pending.pop(0)
+                    event.synchronize()
+                    checkpoint(period)
+        finished = xp.cuda.Event(disable_timing=True)
+        finished.record(self.stream)
+        caller.wait_event(finished)
+        for period, event in pending:
+            event.synchronize()
+            checkpoint(period)  # type: ignore[misc]
+        # copies on the caller's stream: the next simulate (ordered after them) may overwrite the buffers
+        return PanelResult(xp.asnumpy(self.capital_path[: self.periods]), self.k.copy(), self.employed.copy())

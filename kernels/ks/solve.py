@@ -4,7 +4,8 @@ Outer loop (MMV 2010 MAIN.m): solve the policy for the current ALM; simulate the
 path; regress ln K' on ln K by state; stop when ||B_new - B||_2 < tolerance; else B <- damping B_new +
 (1 - damping) B. While ||B_new - B|| > 100 tolerance the next simulation starts from the panel's final
 distribution (so it starts in the ergodic set); afterwards the starting panel is held fixed, so that the
-fixed point is that of one map. The panel never leaves the device.
+fixed point is that of one map. The panel never leaves the device; on the GPU every outer iteration replays
+one :class:`~kernels.ks.simulate.CudaPanel` (its period loop captured as CUDA graphs once per solve).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels.backend import is_gpu
 from kernels.ks import alm as alm_mod
 from kernels.ks.grids import Grids
 from kernels.ks.interp import Method
@@ -26,6 +28,7 @@ from kernels.ks.simulate import (
     STREAM_IDIOSYNCRATIC,
     STREAM_TEST_AGGREGATE,
     STREAM_TEST_IDIOSYNCRATIC,
+    CudaPanel,
     aggregate_path,
     initial_employment,
     simulate_panel,
@@ -45,8 +48,9 @@ class SolveSettings:
     precision: str = "float64"
     seed: int = 0
     policy: PolicySettings = field(default_factory=PolicySettings)
-    den_haan_periods: int | None = None  # None: as many as ``periods``; 0 skips the test
+    den_haan_periods: int | None = None  # None: as many as ``periods``; 0 skips the test; else >= 10
     initial_alm: tuple[float, float, float, float] = (0.0, 1.0, 0.0, 1.0)  # MMV / Algorithm A.1 start
+    panel_graph: bool = True  # GPU: replay the panel's period loop as captured CUDA graphs (same bits)
 
 
 @dataclass
@@ -66,9 +70,21 @@ class Solution:
     den_haan_alm: np.ndarray | None = None
     den_haan_a: np.ndarray | None = None
     history: list[dict[str, float]] = field(default_factory=list)
+    panel_graph: bool = False  # whether the outer loop's panel ran as captured CUDA graphs
 
 
 Reporter = Callable[[float, str], None]
+
+MIN_DEN_HAAN_PERIODS = 10  # shortest accuracy-test path: 0 skips the test, 1 .. 9 are refused
+
+
+def den_haan_test_periods(settings: SolveSettings) -> int:
+    """Length of the Den Haan test path (0: no test); ValueError for 1 .. MIN_DEN_HAAN_PERIODS - 1."""
+    periods = settings.periods if settings.den_haan_periods is None else settings.den_haan_periods
+    if 0 < periods < MIN_DEN_HAAN_PERIODS:
+        raise ValueError(f"den_haan_periods must be 0 (skip the accuracy test) or at least {MIN_DEN_HAAN_PERIODS}, "
+                         f"not {periods}")
+    return periods
 
 
 def initial_panel(xp: ModuleType, cal: Calibration, settings: SolveSettings,
@@ -106,11 +122,19 @@ def solve(
     report = report or (lambda fraction, stage: None)
     if settings.burn_in + 3 >= settings.periods:
         raise ValueError("burn_in must leave at least a few periods of the panel for the ALM regression")
+    test_periods = den_haan_test_periods(settings)  # checked before the solve, not after it
+    on_device = is_gpu(xp) if use_kernels is None else use_kernels
     with timer.stage("setup"):
         problem = EulerProblem(xp, cal, grids, settings.interpolation)
         policy = initial_policy(xp, grids)
         a_path = aggregate_path(cal, settings.seed, settings.periods + 1)
         k_start, e_start = initial_panel(xp, cal, settings, initial_k, initial_employed, int(a_path[0]))
+        # the outer loop simulates the same configuration (N, shock path, seed) every iteration: one engine,
+        # its buffers and captured loop reused, the new policy and start panel copied in place
+        engine = None
+        if on_device:
+            engine = CudaPanel(xp, cal, grids, settings.interpolation, k_start.dtype, settings.n_agents, a_path,
+                               settings.seed, STREAM_IDIOSYNCRATIC, use_graph=settings.panel_graph)
     alm = np.array(settings.initial_alm, dtype=np.float64)
     policy_iterations: list[int] = []
     history: list[dict[str, float]] = []
@@ -127,7 +151,7 @@ def solve(
             report(fraction, f"iteration {iteration}: policy step {step}")
 
         with timer.stage("policy"):
-            solved = solve_policy(xp, problem, alm, policy, settings.policy, use_kernel=use_kernels,
+            solved = solve_policy(xp, problem, alm, policy, settings.policy, use_kernel=on_device,
                                   checkpoint=policy_checkpoint)
         policy = solved.policy
         policy_iterations.append(solved.iterations)
@@ -142,8 +166,11 @@ def solve(
             report(fraction, f"iteration {iteration}: panel period {t}/{settings.periods}")
 
         with timer.stage("panel"):
-            panel = simulate_panel(xp, cal, grids, settings.interpolation, policy, k_start, e_start, a_path,
-                                   settings.seed, STREAM_IDIOSYNCRATIC, checkpoint, use_kernel=use_kernels)
+            if engine is not None:
+                panel = engine.simulate(policy, k_start, e_start, checkpoint)
+            else:
+                panel = simulate_panel(xp, cal, grids, settings.interpolation, policy, k_start, e_start, a_path,
+                                       settings.seed, STREAM_IDIOSYNCRATIC, checkpoint, use_kernel=False)
         with timer.stage("regression"):
             capital_path = panel.capital_path
             regressions = alm_mod.regress_alm(capital_path, a_path, settings.burn_in)
@@ -161,15 +188,17 @@ def solve(
             break
     assert regressions is not None
     solution = Solution(last_alm, regressions, iteration, converged, change, policy, capital_path, a_path,
-                        policy_iterations, history=history)
-    test_periods = settings.periods if settings.den_haan_periods is None else settings.den_haan_periods
-    if test_periods > 1:
+                        policy_iterations, history=history,
+                        panel_graph=engine is not None and engine.graph_used)
+    del engine  # its buffers (N-sized) are not needed by the accuracy test
+    if test_periods > 0:
         report(0.95, "Den Haan accuracy test")
         with timer.stage("den_haan_test"):
             # the test path starts in the aggregate state that drew the panel's final employment states
             test_a = aggregate_path(cal, settings.seed, test_periods + 1, STREAM_TEST_AGGREGATE, int(a_path[-1]))
+            # one simulation only: the plain per-period loop (capturing would cost what it saves)
             test = simulate_panel(xp, cal, grids, settings.interpolation, policy, panel.k, panel.employed, test_a,
-                                  settings.seed, STREAM_TEST_IDIOSYNCRATIC, use_kernel=use_kernels)
+                                  settings.seed, STREAM_TEST_IDIOSYNCRATIC, use_kernel=on_device)
             max_gap, mean_gap, implied = alm_mod.den_haan_errors(test.capital_path, test_a, last_alm)
         solution.den_haan_max, solution.den_haan_mean = max_gap, mean_gap
         solution.den_haan_panel, solution.den_haan_alm, solution.den_haan_a = test.capital_path, implied, test_a[:-1]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kernels.ks.model import DHJJ_TRANSITION, Calibration, validate_calibration
+from kernels.ks.solve import MIN_DEN_HAAN_PERIODS
 from kernels.spec import JobParams, ResultModel
 
 DEFAULT_SEED = 19_980_101
@@ -95,7 +96,9 @@ class KSSolveParams(JobParams):
     policy_damping: float = Field(default=0.7, gt=0.0, le=1.0, description="weight of the new policy per step")
     policy_max_iterations: int = Field(default=20_000, ge=10, le=1_000_000)
     den_haan_periods: int | None = Field(
-        default=None, ge=0, le=100_000, description="length of the fresh accuracy-test path (default periods; 0 skips)"
+        default=None, ge=0, le=100_000,
+        description=f"length of the fresh accuracy-test path: 0 skips the test, otherwise at least "
+        f"{MIN_DEN_HAAN_PERIODS} (default periods)",
     )
     initial_alm: list[float] = Field(
         default_factory=lambda: [0.0, 1.0, 0.0, 1.0], min_length=4, max_length=4,
@@ -111,6 +114,15 @@ class KSSolveParams(JobParams):
         if self.burn_in + 10 > self.periods:
             raise ValueError("burn_in must leave at least 10 periods of the panel for the ALM regression")
         return self
+
+    @field_validator("den_haan_periods")
+    @classmethod
+    def _den_haan_test_or_none(cls, value: int | None) -> int | None:
+        # 1 .. 9 used to pass and then skip the test silently (or give a statistic over a handful of periods)
+        if value is not None and 0 < value < MIN_DEN_HAAN_PERIODS:
+            raise ValueError(f"den_haan_periods must be 0 (skip the accuracy test) or at least "
+                             f"{MIN_DEN_HAAN_PERIODS}, not {value}")
+        return value
 
 
 class StateALM(ResultModel):

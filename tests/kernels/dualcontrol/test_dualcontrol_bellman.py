@@ -8,6 +8,7 @@ from scipy.interpolate import RegularGridInterpolator
 
 from kernels.dualcontrol.bellman import ArrayBellman, MinimiserSettings
 from kernels.dualcontrol.grid import make_state_grid
+from kernels.dualcontrol.minimize import golden_section_minimise
 from kernels.dualcontrol.model import ModelParams, inert_bounds, inert_value, myopic_policy, one_period_loss
 from kernels.dualcontrol.quadrature import normal_quadrature
 from kernels.dualcontrol.solve import SolveSettings, solve
@@ -109,3 +110,33 @@ def test_minimiser_matches_a_dense_scan_where_the_objective_is_convex() -> None:
         assert best_q[i] >= q[j] - curvature.max() - 1e-12 * abs(q[j])
         assert abs(best_u[i] - scan[j]) <= 2 * (scan[1] - scan[0]) + 1e-6 * (hi[i] - lo[i])
     assert convex_points >= 30
+
+
+def test_golden_section_cell_stays_in_the_bracket_when_the_previous_policy_lies_beyond_it() -> None:
+    """The previous policy (a start candidate) lies at 5, far beyond the bracket [0, 1], and beats every scan
+    point; the golden-section cell must be centred on it clamped into the bracket, [0.5, 1], where a narrow
+    well at 0.9 (missed by the 3-point scan 0, 0.5, 1) is the bracket's minimum. Unclamped, the cell was
+    [max(lo, 5 - 0.5), min(hi, 5 + 0.5)] = [4.5, 1]: inverted, searched outside the bracket and returned 5.
+    The second point is the ordinary case (start inside), the third a start beyond the lower end."""
+
+    def objective(u: np.ndarray) -> np.ndarray:
+        calls.append(np.array(u, dtype=float, copy=True))
+        return -np.exp(-(((u - 0.9) / 0.1) ** 2)) - 0.5 * np.exp(-(((u - 5.0) / 0.3) ** 2))
+
+    calls: list[np.ndarray] = []
+    lo, hi = np.zeros(3), np.ones(3)
+    myopic = np.full(3, 0.5)
+    previous = np.array([5.0, 0.3, -4.0])
+    u, q = golden_section_minimise(objective, lo, hi, [myopic, previous], 3, 40, np)
+    np.testing.assert_allclose(u, 0.9, atol=1e-6)
+    np.testing.assert_allclose(q, -1.0, atol=1e-9)
+    # the two start candidates are evaluated where they are; everything after (scan and golden section)
+    # stays inside the bracket
+    assert len(calls) == 2 + 3 + 2 + 40
+    for evaluated in calls[2:]:
+        assert np.all((lo <= evaluated) & (evaluated <= hi)), evaluated
+    # the safeguard still returns a start candidate that beats the bracket's minimum
+    calls.clear()
+    u, q = golden_section_minimise(lambda v: objective(v) - 2.0 * (v == 5.0), lo, hi, [myopic, previous], 3, 40, np)
+    assert u[0] == 5.0 and q[0] == pytest.approx(-2.5, abs=1e-12)
+    np.testing.assert_allclose(u[1:], 0.9, atol=1e-6)

@@ -56,7 +56,6 @@ def test_myopic_value_matches_a_monte_carlo_of_the_policy() -> None:
     grid = make_state_grid((-7.0, 9.0, 25), (-4.0, 4.0, 21), (0.02, 2.0, 12), MODEL.xbar, 1.0)
     solution = solve(MODEL, grid, SolveSettings("myopic", 1e-6, quadrature_nodes=10), np)
     assert solution.converged
-    np.testing.assert_array_equal(solution.policy, myopic_policy(MODEL, *grid.mesh(np)))
     rng = np.random.default_rng(21)
     n, periods = 40_000, 200
     # relative tolerance per state: the grid's error (measured at 2.6% for the low-Sigma state, 0.5% for the
@@ -73,6 +72,46 @@ def test_myopic_value_matches_a_monte_carlo_of_the_policy() -> None:
             x, s = x_next, s_next
         value = interpolate(solution.value, grid, grid.node_arrays(np), *(np.array([c]) for c in (x0, mu0, s0)), np)
         assert value[0] == pytest.approx(total.mean(), rel=rel)
+
+
+def test_myopic_policy_is_the_closed_form_and_minimises_the_one_period_loss() -> None:
+    """Paper eq. 11 / DESIGN.md, written out here (not through ``myopic_policy``), against the solved grid:
+    ``u = [omega ubar - mu (alpha + gamma x - xbar)] / (Sigma + mu^2 + omega)``; then a dense scan of the
+    one-period expected loss, taken by Gauss-Hermite over the predictive N(alpha + mu u + gamma x,
+    u^2 Sigma + sigma_eps^2) (exact for the quadratic loss), finds the same control; and the solved value is
+    the fixed point of the policy operator with that control, so the solve used it."""
+    grid = make_state_grid((-7.0, 9.0, 9), (-4.0, 4.0, 8), (0.02, 2.0, 5), MODEL.xbar, 1.0)
+    tol = 1e-9
+    solution = solve(MODEL, grid, SolveSettings("myopic", tol, quadrature_nodes=8), np)
+    assert solution.converged
+    x, mu, s = np.meshgrid(grid.x.nodes(), grid.mu.nodes(), grid.sigma.nodes(), indexing="ij")
+    alpha, gamma, xbar, omega, ubar = MODEL.alpha, MODEL.gamma, MODEL.xbar, MODEL.omega, MODEL.ubar
+    closed = (omega * ubar - mu * (alpha + gamma * x - xbar)) / (s + mu**2 + omega)
+    assert np.ptp(closed) > 1.0  # a grid where the control varies, not a constant
+    np.testing.assert_allclose(solution.policy, closed, rtol=1e-14, atol=1e-15)
+
+    z, w = np.polynomial.hermite_e.hermegauss(5)
+    w = w / w.sum()
+
+    def expected_loss(xi: float, mui: float, si: float, u: np.ndarray) -> np.ndarray:
+        x_next = (alpha + mui * u + gamma * xi)[:, None] + np.sqrt(u * u * si + MODEL.sigma_eps**2)[:, None] * z
+        return ((x_next - xbar) ** 2) @ w + omega * (u - ubar) ** 2
+
+    pick = np.random.default_rng(22).choice(closed.size, 12, replace=False)
+    for flat in [0, closed.size - 1, *pick]:
+        i = np.unravel_index(flat, grid.shape)
+        coarse = np.linspace(-30.0, 30.0, 600_001)  # step 1e-4, wide enough for every state of this grid
+        best = coarse[np.argmin(expected_loss(x[i], mu[i], s[i], coarse))]
+        fine = np.linspace(best - 2e-4, best + 2e-4, 4001)  # step 1e-7
+        scanned = fine[np.argmin(expected_loss(x[i], mu[i], s[i], fine))]
+        assert abs(solution.policy[i] - scanned) <= 2e-7, (i, solution.policy[i], scanned)
+
+    # T_u V = V with the closed-form control: |T_u V - V| <= (1 + delta) |V - V_u| <= 2 tol max|V|
+    op = ArrayBellman(MODEL, grid, 8, np)
+    scale = np.abs(solution.value).max()
+    assert np.abs(op.evaluate(solution.value, closed) - solution.value).max() <= 2 * tol * scale
+    # ... and not with another control (the check can fail)
+    assert np.abs(op.evaluate(solution.value, closed + 0.05) - solution.value).max() > 1e3 * tol * scale
 
 
 @pytest.fixture(scope="module")

@@ -57,6 +57,19 @@ def test_invalid_parameters_name_the_field(payload: dict, field: str) -> None:
     assert field.split(".")[0] in text
 
 
+@pytest.mark.parametrize("periods", [1, 2, 9])
+def test_a_den_haan_test_of_one_to_nine_periods_is_refused(periods: int) -> None:
+    # it used to validate and then skip the accuracy test silently (den_haan_error: null)
+    with pytest.raises(ValidationError, match="den_haan_periods must be 0") as info:
+        KSSolveParams.model_validate({"den_haan_periods": periods})
+    assert info.value.errors()[0]["loc"] == ("den_haan_periods",)
+
+
+@pytest.mark.parametrize("periods", [None, 0, 10, 1_100])
+def test_den_haan_periods_zero_none_or_at_least_ten_are_accepted(periods: int | None) -> None:
+    assert KSSolveParams.model_validate({"den_haan_periods": periods}).den_haan_periods == periods
+
+
 def test_inconsistent_transition_matrix_is_refused() -> None:
     rows = [list(r) for r in KSSolveParams().calibration.transition]
     rows[3][3] = 0.859604  # the OCR error in the paper's Table B.1

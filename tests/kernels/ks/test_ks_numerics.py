@@ -101,6 +101,50 @@ def test_catmull_rom_is_not_exact_on_cubics_but_third_order() -> None:
     assert np.all(ratios > 6.0), (errors, ratios)
 
 
+def test_catmull_rom_error_on_cubics_is_exactly_the_third_order_term() -> None:
+    """Quadratics are reproduced, so on a cubic only the s^3 term errs, and by exactly a(1 - a)(1 - 2a) per unit
+    coefficient at fraction a of a cell (derived by hand from the weights: -w0 + w2 + 8 w3 - a^3 on the nodes
+    -1, 0, 1, 2), the same in every interior cell. So Catmull-Rom is not exact on cubics (the issue's wish):
+    the error vanishes only at nodes and cell midpoints and peaks at sqrt(3)/18 h^3; it is third order."""
+
+    def cubic_error(a: np.ndarray) -> np.ndarray:
+        return a * (1.0 - a) * (1.0 - 2.0 * a)
+
+    # (1) in the grid coordinates of the paper's mapping (polynomial k grid, uniform K grid), tensor form:
+    # alpha s^3 + beta t^3 plus terms of degree <= 2 in each coordinate (reproduced exactly)
+    grids = Grids(k_size=30, K_size=9)
+    alpha, beta = 0.02, -0.3
+
+    def cubic(s: np.ndarray, t: np.ndarray) -> np.ndarray:
+        return alpha * s**3 + beta * t**3 + 0.5 * s**2 * t - 0.25 * s * t**2 + 0.01 * s**2 * t**2 + 2.0 * s - t + 3.0
+
+    table = _table_from(cubic, grids)
+    gen = np.random.default_rng(15)
+    s = gen.uniform(1.0, grids.k_size - 2.0, 400)
+    t = gen.uniform(1.0, grids.K_size - 2.0, 400)
+    k, capital = _points_at_coordinates(grids, s, t)
+    got = interpolate(np, table, np.zeros(400, dtype=np.int64), k, capital, grids, "catmull_rom")
+    error = got - cubic(s, t)
+    np.testing.assert_allclose(error, alpha * cubic_error(s % 1.0) + beta * cubic_error(t % 1.0), rtol=0, atol=1e-8)
+    assert np.abs(error).max() > 0.02  # far from exact: (|alpha| + |beta|) sqrt(3)/18 = 0.031 at worst
+
+    # (2) physical k on a uniform grid: the error of k^3 is h^3 a (1 - a)(1 - 2a), so it falls exactly 8-fold
+    # per halving of h; the worst point of a cell, a = 1/2 - sqrt(3)/6, gives sqrt(3)/18 h^3
+    worst = 0.5 - np.sqrt(3.0) / 6.0
+    maxima = []
+    for cells in (20, 40, 80):
+        grids = Grids(k_size=cells + 1, K_size=4, spacing_power=1.0, k_min=0.0, k_max=1.0, K_min=1.0, K_max=2.0)
+        h = 1.0 / cells
+        table = np.broadcast_to((grids.k**3)[:, None], (cells + 1, 4))[None]
+        a = np.concatenate([gen.uniform(0.0, 1.0, 200), [worst]])
+        x = (np.concatenate([gen.integers(1, cells - 1, 200), [cells // 2]]) + a) * h
+        got = interpolate(np, table, np.zeros(x.size, dtype=np.int64), x, np.full(x.size, 1.5), grids, "catmull_rom")
+        np.testing.assert_allclose(got - x**3, h**3 * cubic_error(a), rtol=0, atol=1e-13)
+        maxima.append(np.abs(got - x**3).max())
+        assert maxima[-1] == pytest.approx(np.sqrt(3.0) / 18.0 * h**3, rel=1e-6)
+    np.testing.assert_allclose(np.array(maxima[:-1]) / np.array(maxima[1:]), 8.0, rtol=1e-5)
+
+
 def test_bilinear_exact_on_bilinear_functions_in_physical_coordinates() -> None:
     grids = Grids(k_size=50, K_size=6)
 
@@ -240,6 +284,30 @@ def test_policy_fixed_point_and_small_euler_residuals() -> None:
     assert np.nanmax(np.abs(on_grid)) < 1e-8
 
 
+def test_convergence_checked_every_n_steps_changes_when_it_stops_not_the_arithmetic() -> None:
+    """check_every = 10 (the default, also on the GPU: one read-back per 10 steps) stops at the first multiple
+    of 10 at or after the step where check_every = 1 stops, and its policy is exactly that of running that many
+    steps unconditionally: the cadence moves the stopping step only."""
+    cal, grids = Calibration(), Grids()
+    problem = EulerProblem(np, cal, grids, "bilinear")
+    start = initial_policy(np, grids)
+    tol = 3e-4
+    every = solve_policy(np, problem, REFERENCE_ALM, start, PolicySettings(tolerance=tol, check_every=1))
+    tenth = solve_policy(np, problem, REFERENCE_ALM, start, PolicySettings(tolerance=tol, check_every=10))
+    assert every.converged and tenth.converged
+    assert every.iterations % 10 != 0  # else this case would not tell the two cadences apart (802 steps)
+    assert tenth.iterations == 10 * -(-every.iterations // 10)
+    assert tenth.max_change <= every.max_change <= tol
+    forced = solve_policy(np, problem, REFERENCE_ALM, start,
+                          PolicySettings(tolerance=0.0, max_iterations=tenth.iterations, check_every=1))
+    assert not forced.converged and forced.iterations == tenth.iterations
+    np.testing.assert_array_equal(tenth.policy, forced.policy)
+    # the extra steps only move the policy towards its fixed point, by less than the tolerance
+    assert np.max(np.abs(tenth.policy - every.policy)) < 10 * tol
+    with pytest.raises(ValueError, match="check_every"):
+        PolicySettings(check_every=0)
+
+
 # ---------------------------------------------------------------- panel simulation
 
 
@@ -314,6 +382,17 @@ def test_den_haan_errors_vanish_on_an_exact_alm_path() -> None:
 
 
 # ---------------------------------------------------------------- a small full solve
+
+
+@pytest.mark.parametrize(("den_haan_periods", "periods"), [(1, 300), (9, 300), (None, 8)])
+def test_solve_refuses_a_den_haan_test_shorter_than_ten_periods_before_solving(
+    den_haan_periods: int | None, periods: int
+) -> None:
+    settings = SolveSettings(n_agents=1_000, periods=periods, burn_in=0, den_haan_periods=den_haan_periods)
+    calls: list[tuple[float, str]] = []
+    with pytest.raises(ValueError, match="den_haan_periods must be 0"):
+        solve(np, Calibration(), Grids(), settings, report=lambda f, s: calls.append((f, s)))
+    assert calls == []  # refused up front, not after the outer loop
 
 
 def test_small_solve_is_self_consistent_near_the_reference() -> None:

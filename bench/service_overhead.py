@@ -31,11 +31,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.orm import Session
 
 from cli.serve import embedded_stack
+from store.db import engine_for
+from store.keys import create_key
 
 TINY_JOB = {
     "kind": "crve_montecarlo",
@@ -101,7 +105,7 @@ class PollRun:
 POLL_CONNECTIONS = 16
 
 
-async def paced_polls(base_url: str, job_id: str, rate: float, seconds: float) -> PollRun:
+async def paced_polls(base_url: str, headers: Any, job_id: str, rate: float, seconds: float) -> PollRun:
     """GET /v1/jobs/{id} on a fixed schedule of ``rate`` per second over ``POLL_CONNECTIONS`` keep-alive
     connections (one client each: a single pool with thousands of waiters costs the client more CPU than the
     server). Latency is measured from the scheduled send time, so time spent waiting for a free connection
@@ -120,7 +124,7 @@ async def paced_polls(base_url: str, job_id: str, rate: float, seconds: float) -
 
     # Clients made and connected before the clock starts: creating one costs milliseconds of CPU (its SSL
     # context), which would otherwise land on the first scheduled requests.
-    clients = [httpx.AsyncClient(base_url=base_url, timeout=30.0) for _ in range(POLL_CONNECTIONS)]
+    clients = [httpx.AsyncClient(base_url=base_url, timeout=30.0, headers=headers) for _ in range(POLL_CONNECTIONS)]
     await asyncio.gather(*(client.get("/healthz") for client in clients))
     cpu_before = time.process_time()
     loops = [asyncio.create_task(connection_loop(client)) for client in clients]
@@ -138,12 +142,25 @@ async def paced_polls(base_url: str, job_id: str, rate: float, seconds: float) -
     return PollRun(rate, latencies, errors, elapsed, client_cpu)
 
 
+def headers_for(database_url: str, auth: bool) -> dict[str, str]:
+    """With auth on, a fresh API key in the bench database (migrated by the stack) for every request."""
+    if not auth:
+        return {}
+    with Session(engine_for(database_url)) as session:
+        secret = create_key(session, "bench")
+        session.commit()
+    return {"Authorization": f"Bearer {secret}"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=30)
     parser.add_argument("--rate", type=float, nargs="+", default=[200.0], help="poll rates to try, in turn")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--api-workers", type=int, default=2, help="uvicorn server processes (one per core)")
+    parser.add_argument(
+        "--auth", action="store_true", help="API keys on, as in the compose stack: every request sends one"
+    )
     args = parser.parse_args()
     database_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
     if not (database_url or "").startswith("postgresql") or not (redis_url or "").startswith("redis"):
@@ -157,27 +174,34 @@ def main() -> None:
             "BROKER_URL": redis_url,
             "GPUEST_QUEUE": f"bench-{uuid.uuid4().hex[:8]}",
             "GPUEST_DEVICE": "cpu",
-            "GPUEST_AUTH_ENABLED": "false",
+            "GPUEST_AUTH_ENABLED": "true" if args.auth else "false",
         }
         with embedded_stack(
             Path(data_dir), env=env, log_dir=Path(data_dir) / "logs", api_workers=args.api_workers
-        ) as stack, httpx.Client(base_url=stack.base_url, timeout=30.0) as client:
+        ) as stack, httpx.Client(
+            base_url=stack.base_url, timeout=30.0, headers=headers_for(bench_db, args.auth)
+        ) as client:
             submit_to_result(client)  # warm-up: imports in the worker, first connections
             durations = [submit_to_result(client) for _ in range(args.jobs)]
             job_id = client.post("/v1/jobs", json=TINY_JOB).json()["id"]
             # Warm-up: both API processes loaded, their connection pools filled, the client's pool open.
-            asyncio.run(paced_polls(stack.base_url, job_id, 100.0, 2.0))
-            polls = [asyncio.run(paced_polls(stack.base_url, job_id, rate, args.seconds)) for rate in args.rate]
+            asyncio.run(paced_polls(stack.base_url, client.headers, job_id, 100.0, 2.0))
+            polls = [
+                asyncio.run(paced_polls(stack.base_url, client.headers, job_id, rate, args.seconds))
+                for rate in args.rate
+            ]
 
     median_ms = statistics.median(durations) * 1000
     command = "python bench/service_overhead.py " + " ".join(sys.argv[1:])
+    auth = "on (an API key in every request)" if args.auth else "off"
     print(f"""
 ## Service overhead (Postgres + Redis stack), {datetime.now(UTC):%Y-%m-%d %H:%M} UTC
 
 Command: `DATABASE_URL=postgresql+psycopg://... REDIS_URL=redis://127.0.0.1:6379/0 {command.strip()}`
 Machine: {platform.node() or "?"}, {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()};
-uvicorn with {args.api_workers} server process(es), one Celery worker (solo pool), PostgreSQL and Redis on the same
-machine, the client (httpx, asyncio for the paced polls) on loopback; load average before the run {load_before}.
+uvicorn with {args.api_workers} server process(es), auth {auth}, one Celery worker (solo pool), PostgreSQL and
+Redis on the same machine, the client (httpx, asyncio for the paced polls) on loopback; load average before
+the run {load_before}.
 
 | measure | value | target |
 | --- | --- | --- |

@@ -95,18 +95,20 @@ def test_confidence_interval_bounds_are_where_the_p_value_crosses_the_level() ->
         assert outside <= 0.05 < inside
 
 
-def _brute_force_t_boot(x, y, cluster, bootcluster, dummies, j, r, impose_null, factor, v):
-    """Each draw as a full regression on the N rows (fixed effects as dummy columns), CRV1 by cluster."""
-    design = x if dummies is None else np.column_stack([x, dummies])
+def _bootstrap_residual(design, y, j, r, impose_null):
+    """The residuals the draws perturb and the centre of t*: restricted to beta_j = r (WCR) or not (WCU)."""
     if impose_null:
         others = np.delete(design, j, axis=1)
         target = y - r * design[:, j]
-        residual = target - others @ np.linalg.lstsq(others, target, rcond=None)[0]
-        centre = r
-    else:
-        coef = np.linalg.lstsq(design, y, rcond=None)[0]
-        residual = y - design @ coef
-        centre = coef[j]
+        return target - others @ np.linalg.lstsq(others, target, rcond=None)[0], r
+    coef = np.linalg.lstsq(design, y, rcond=None)[0]
+    return y - design @ coef, coef[j]
+
+
+def _brute_force_t_boot(x, y, cluster, bootcluster, dummies, j, r, impose_null, factor, v):
+    """Each draw as a full regression on the N rows (fixed effects as dummy columns), CRV1 by cluster."""
+    design = x if dummies is None else np.column_stack([x, dummies])
+    residual, centre = _bootstrap_residual(design, y, j, r, impose_null)
     fitted = y - residual
     inverse = np.linalg.pinv(design.T @ design)
     out = []
@@ -238,13 +240,7 @@ def _brute_force_p_value(x, y, cluster, bootcluster, dummies, j, r, impose_null,
     xa = design @ inverse[:, j]  # (X'X)^-1 row j: the tested coefficient's influence
     beta = inverse @ (design.T @ y)
     t_stat = (beta[j] - r) / np.sqrt(((onehot @ (xa * (y - design @ beta))) ** 2).sum())
-    if impose_null:
-        others = np.delete(design, j, axis=1)
-        target = y - r * design[:, j]
-        residual = target - others @ np.linalg.lstsq(others, target, rcond=None)[0]
-        centre = r
-    else:
-        residual, centre = y - design @ beta, beta[j]
+    residual, centre = _bootstrap_residual(design, y, j, r, impose_null)
     y_star = (y - residual)[:, None] + v[bootcluster] * residual[:, None]
     beta_star = inverse @ (design.T @ y_star)
     scores = onehot @ (xa[:, None] * (y_star - design @ beta_star))

@@ -35,7 +35,7 @@ def _broker() -> None:
 
 
 @router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
-def healthz() -> Health:
+async def healthz() -> Health:  # async: no worker-thread hop for a probe
     return Health()
 
 

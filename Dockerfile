@@ -13,6 +13,7 @@ WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
 COPY api/ api/
 COPY cli/ cli/
+COPY core/ core/
 COPY kernels/ kernels/
 COPY migrations/ migrations/
 COPY store/ store/
@@ -62,5 +63,5 @@ RUN pip install -e '.[gpu]' \
     && mkdir -p /data && chown gpuest /data
 USER gpuest
 VOLUME ["/data"]
-CMD ["celery", "-A", "worker.celery_app:celery_app", "worker", "-Q", "gpu", "--pool", "solo", "--concurrency", "1", \
+CMD ["celery", "-A", "worker.tasks:celery_app", "worker", "-Q", "gpu", "--pool", "solo", "--concurrency", "1", \
      "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"]

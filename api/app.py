@@ -13,14 +13,14 @@ from starlette.concurrency import run_in_threadpool
 
 from api.body_limit import MAX_JSON_BODY_BYTES, BodyLimitMiddleware
 from api.deps import OwnerCache
-from api.logging import configure_logging
 from api.metrics import RequestMiddleware, build_registry
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
 from api.routes import datasets, health, jobs
-from api.schemas import PROBLEM_RESPONSES, job_request_union
+from api.schemas import PROBLEM_RESPONSES
+from core.logging import configure_logging
+from core.settings import get_settings
 from kernels.registry import registry
 from store.migrate import SchemaNotMigratedError, ensure_migrated
-from store.settings import get_settings
 
 log = structlog.get_logger("gpuest.api")
 
@@ -73,7 +73,7 @@ def create_app() -> FastAPI:
     app.state.metrics_registry = metrics_registry
     install_problem_handlers(app, sorted(kinds))
     app.include_router(health.router)
-    app.include_router(jobs.build_router(kinds, job_request_union(kinds)))
+    app.include_router(jobs.router)
     app.include_router(datasets.router)
     # Uploads stream under their own limit (api.uploads); every other body is a small JSON document.
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_JSON_BODY_BYTES, exempt_prefixes=(datasets.router.prefix,))

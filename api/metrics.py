@@ -15,6 +15,7 @@ from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from core.status import TERMINAL_STATUSES, JobStatus
 from store import jobs as job_store
 from store.db import session_scope
 from store.models import Job
@@ -46,7 +47,7 @@ class JobStoreCollector(Collector):
             run_times = _run_time_histogram(session)
 
         jobs = GaugeMetricFamily("gpuest_jobs", "Jobs by kind and status", labels=["kind", "status"])
-        by_label = {(kind, status): 0 for kind in self.known_kinds for status in job_store.ALL_STATUSES}
+        by_label = {(kind, status.value): 0 for kind in self.known_kinds for status in JobStatus}
         for kind, status, count in counts:
             by_label[(kind, status)] = count
         for (kind, status), count in sorted(by_label.items()):
@@ -83,7 +84,7 @@ def _run_time_histogram(session: Session) -> dict[str, tuple[list[int], int, flo
     columns = [func.sum(case((seconds <= edge, 1), else_=0)) for edge in RUN_SECONDS_BUCKETS]
     rows = session.execute(
         select(Job.kind, func.count(), func.coalesce(func.sum(seconds), 0.0), *columns)
-        .where(Job.status.in_(job_store.TERMINAL_STATUSES), Job.started_at.is_not(None), Job.finished_at.is_not(None))
+        .where(Job.status.in_(TERMINAL_STATUSES), Job.started_at.is_not(None), Job.finished_at.is_not(None))
         .group_by(Job.kind)
     ).all()
     return {

@@ -1,19 +1,20 @@
 """Request and response bodies of the REST API. The job-create body is a discriminated union on ``kind``
-built from the job registry, so every kind's params schema appears in the OpenAPI document."""
+built from the job registry, so every kind's params schema appears in the OpenAPI document; the result is
+documented as the union of the kinds' result models, so a client generator can type it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Union
 
 from fastapi import Body
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from core.status import JobStatus
 from kernels.registry import JobKind
+from kernels.spec import ResultModel
 from store.models import Dataset, Job
-
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
@@ -30,13 +31,14 @@ def _model_name(kind_name: str) -> str:
 
 
 def job_request_model(kind: JobKind) -> type[BaseModel]:
-    example = {"kind": kind.name, "params": dict(kind.example)} if kind.example else None
+    # The kind's runnable example is the documented one (dataset fields may hold placeholder ids).
+    example = {"kind": kind.name, "params": dict(kind.example.params)}
     return create_model(
         _model_name(kind.name),
         __config__=ConfigDict(
             extra="forbid",
             title=_model_name(kind.name),
-            json_schema_extra={"examples": [example]} if example else None,
+            json_schema_extra={"examples": [example]},
         ),
         __doc__=kind.summary or f"Create a {kind.name} job.",
         kind=(Literal[kind.name], Field(description=kind.summary or kind.name)),  # type: ignore[valid-type]
@@ -50,6 +52,14 @@ def job_request_union(kinds: Mapping[str, JobKind]) -> Any:
         raise RuntimeError("the job registry is empty: no job kind can be submitted")
     models = tuple(job_request_model(kind) for kind in kinds.values())
     return Annotated[Union[models], Body(discriminator="kind")]  # noqa: UP007 (a runtime tuple of types)
+
+
+def job_result_union(result_models: Sequence[type[ResultModel]]) -> Any:
+    """``Union[<every kind's result model>]``: the documented body of ``GET /v1/jobs/{id}/result`` (the route
+    sends the stored JSON as it is, without validating it against the union)."""
+    if not result_models:
+        raise RuntimeError("the job registry is empty: no kind has a result model")
+    return Union[tuple(result_models)]  # noqa: UP007 (a runtime tuple of types)
 
 
 # -- job -------------------------------------------------------------------------------------------------
@@ -91,7 +101,7 @@ class JobOut(BaseModel):
         return cls(
             id=job.id,
             kind=job.kind,
-            status=job.status,  # type: ignore[arg-type]
+            status=JobStatus(job.status),
             params=dict(job.params or {}),
             progress=float(job.progress or 0.0),
             stage=job.stage,

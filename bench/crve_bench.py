@@ -2,7 +2,7 @@
 
 Usage (from the repository root):
     python bench/crve_bench.py --device gpu --cases boot10m boot1m mc mcwcr --json out.json
-    python bench/crve_bench.py --device cpu --cases boot1m_g1000 mc_small
+    python bench/crve_bench.py --device cpu --cases boot1m_g1000 mc mcwcr_g50 --mc-reps 1000
     python bench/crve_bench.py --device cpu --cases peers        # wildboottest on the same data (CPU)
 
 Cases (issue 3):
@@ -12,10 +12,16 @@ Cases (issue 3):
 - boot1m: N = 1,000,000, k = 8, G in (50, 1,000, 20,000), B = 9,999.
 - mc: crve_montecarlo CRV1, R = 50,000, G = 100, m = 32, k = 8 (the paper's Figure 4 case).
 - mcwcr: R = 1,000 WCR bootstrap tests with B = 999 at G = 10, 20, 30, 40, 50 (m = 32, k = 8).
-- mc_small / boot1m_g1000: the same on NumPy at sizes a CPU finishes (Monte Carlo R scaled down: the time per
-  replication is constant, so the R = 50,000 figure is extrapolated linearly and labelled so).
+- boot1m_g1000, mcwcr_g50, and mc with --mc-reps 1000: the same on NumPy at sizes a CPU finishes (Monte Carlo R
+  scaled down: the time per replication is constant, so the R = 50,000 figure is extrapolated linearly and
+  labelled so).
 - peers: wildboottest (numba, "fast and wild" with a Python double loop over cluster pairs) on N = 1,000,000,
   G = 1,000, B = 9,999, the same data as boot1m, and our NumPy path on it.
+- examples: each CRVE job kind's example as the worker runs it (``run_kind`` in a fresh context), the second
+  of two runs (the first compiles on a GPU).
+
+Every timed run gets its own run context (``kernels.context.local_context``): its stage timer is the one a job
+reports.
 """
 
 from __future__ import annotations
@@ -31,11 +37,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 
-from kernels.backend import device_label, get_namespace, synchronize
+from kernels.backend import is_numpy, synchronize, to_host
+from kernels.context import local_context, run_kind
 from kernels.crve import montecarlo as mc
 from kernels.crve.bootstrap import BootstrapData, BootstrapOptions, wild_cluster_bootstrap
+from kernels.crve.jobs import KINDS
 from kernels.crve.synthetic import synthetic_columns
-from kernels.timing import StageTimer
 
 GENERATE_ON: Any = np  # the namespace that draws the synthetic data (--generate-on-gpu)
 H100_HBM_BYTES_PER_S = 3.35e12  # H100 SXM5 HBM3 peak
@@ -53,12 +60,12 @@ def time_bootstrap(xp: Any, data: BootstrapData, reps: int, conf_int: bool, repe
     runs = []
     outcome = None
     for _ in range(repeats):
-        timer = StageTimer(xp)
+        ctx = local_context(xp=xp)
         synchronize(xp)
         start = time.perf_counter()
-        outcome = wild_cluster_bootstrap(xp, data, options, timer=timer)
+        outcome = wild_cluster_bootstrap(xp, data, options, timer=ctx.timer)
         synchronize(xp)
-        runs.append((time.perf_counter() - start, timer.as_dict()))
+        runs.append((time.perf_counter() - start, ctx.timer.as_dict()))
     best = min(runs, key=lambda run: run[0])
     return {
         "seconds": best[0],
@@ -77,13 +84,13 @@ def floor_seconds(n_obs: int, k: int, n_clusters: int, reps: int) -> dict[str, f
 
 
 def case_bootstrap(xp: Any, n_obs: int, n_clusters: int, k: int, reps: int, repeats: int) -> dict[str, Any]:
-    if xp is not np or GENERATE_ON is np:
+    if not is_numpy(xp) or is_numpy(GENERATE_ON):
         data = clustered_data(xp, n_obs, n_clusters, k)
-    if xp is np and GENERATE_ON is not np:  # the same numbers, drawn faster on the GPU, then moved to the host
+    else:  # the same numbers, drawn faster on the GPU, then moved to the host
         data = clustered_data(GENERATE_ON, n_obs, n_clusters, k)
-        data = BootstrapData(x=data.x.get(), y=data.y.get(), cluster=data.cluster.get(), n_clusters=n_clusters)
+        data = BootstrapData(x=to_host(data.x), y=to_host(data.y), cluster=to_host(data.cluster), n_clusters=n_clusters)
     synchronize(xp)
-    if xp is not np:  # compile the kernels once, outside the timing
+    if not is_numpy(xp):  # compile the kernels once, outside the timing
         wild_cluster_bootstrap(xp, clustered_data(xp, 5000, 50, k), BootstrapOptions(param=1, reps=99))
     result = {"n_obs": n_obs, "n_clusters": n_clusters, "k": k, "reps": reps}
     result["with_ci"] = time_bootstrap(xp, data, reps, True, repeats)
@@ -100,17 +107,17 @@ def case_montecarlo(xp: Any, replications: int, n_clusters: int, m: int, k: int,
     crit = None if bootstrap_reps else mc.critical_values("t", n_clusters)
 
     def once(reps: int) -> tuple[float, Any, dict]:
-        timer = StageTimer(xp)
+        ctx = local_context(xp=xp)
         synchronize(xp)
         start = time.perf_counter()
         summary, _ = mc.simulate(
             xp, design, replications=reps, test_coefficient=1, ssc=True, critical=crit,
-            bootstrap_reps=bootstrap_reps, weights_type="rademacher", report=lambda f, s: None, timer=timer,
+            bootstrap_reps=bootstrap_reps, weights_type="rademacher", report=ctx.progress, timer=ctx.timer,
         )  # fmt: skip
         synchronize(xp)
-        return time.perf_counter() - start, summary, timer.as_dict()
+        return time.perf_counter() - start, summary, ctx.timer.as_dict()
 
-    if xp is not np:
+    if not is_numpy(xp):
         once(min(replications, 64))  # compile
     seconds, summary, stages = once(replications)
     return {
@@ -155,6 +162,19 @@ def case_peers(n_obs: int = 1_000_000, n_clusters: int = 1_000, reps: int = 9_99
     }
 
 
+def case_examples(xp: Any) -> dict[str, Any]:
+    """Each kind's example through ``run_kind``: the seconds of the second run and its stage timings."""
+    results = {}
+    for kind in KINDS:
+        for _ in range(2):
+            ctx = local_context(xp=xp, datasets=kind.example.frames())
+            start = time.perf_counter()
+            result = run_kind(kind, kind.example.params, ctx)
+            seconds = time.perf_counter() - start
+        results[kind.name] = {"seconds": seconds, "params": dict(kind.example.params), "stages": result["timings"]}
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
@@ -166,9 +186,10 @@ def main() -> None:
     args = parser.parse_args()
     global GENERATE_ON
     if args.generate_on_gpu:
-        GENERATE_ON = get_namespace("gpu")
-    xp = get_namespace(args.device)
-    report: dict[str, Any] = {"device": device_label(xp), "date": time.strftime("%Y-%m-%d"), "cases": {}}
+        GENERATE_ON = local_context("gpu").xp
+    ctx = local_context(args.device)
+    xp = ctx.xp
+    report: dict[str, Any] = {"device": ctx.device, "date": time.strftime("%Y-%m-%d"), "cases": {}}
     cases = report["cases"]
     for case in args.cases:
         started = time.perf_counter()
@@ -188,6 +209,9 @@ def main() -> None:
                 cases[f"mcwcr_g{g}"] = case_montecarlo(xp, 1_000, g, 32, 8, 999)
         elif case == "peers":
             cases[case] = case_peers()
+        elif case == "examples":
+            for name, value in case_examples(xp).items():
+                cases[f"examples_{name}"] = value
         else:
             raise SystemExit(f"unknown case {case}")
         print(f"[{case}] done in {time.perf_counter() - started:.1f} s", flush=True)
@@ -205,6 +229,8 @@ def main() -> None:
                 f"(CI); floor {value['floor']['total'] * 1e3:.3f} ms; ratio {value['ratio_to_floor_without_ci']:.1f}x"
                 f" / {value['ratio_to_floor_with_ci']:.1f}x"
             )
+        elif "params" in value:
+            print(f"{name:16s} {value['seconds']:.3f} s {json.dumps(value['params'])}")
         elif "wildboottest_seconds" in value:
             print(
                 f"{name:16s} wildboottest {value['wildboottest_seconds']:.2f} s (p={value['wildboottest_p']:.4f}), "

@@ -1,8 +1,11 @@
 """Dual-control DP timings: inert, myopic and optimal policies on n^3 grids, with and without acceleration.
 
 Numerics modules only (no pydantic/pandas), so it runs on the bare GPU machine. The model and grid are the
-``dualcontrol_solve`` spec defaults. Each row is one full solve (coarse levels included), timed after
-device synchronisation; the CUDA module is compiled by a warm-up solve before the first timed row.
+``dualcontrol_solve`` spec defaults (the model and the algorithms: docs/dualcontrol.md). Each row is one full
+solve (coarse levels included), timed after device synchronisation. Before the first timed row the GPU run
+compiles the CUDA kernels the way a worker does at start (``kernels.cuda.warm_up``: bellman.cu in float64 and
+float32, or loads them from CuPy's disk cache) and then runs a tiny warm-up solve per policy for CuPy's own
+kernels.
 
 Stopping rule (``--criterion``, printed in the header and in every row): ``macqueen_porteus`` (default, the
 service's default) stops when the width of the MacQueen-Porteus bounds, delta/(1-delta) (max d - min d) with
@@ -28,7 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.backend import device_label, get_namespace, synchronize, to_numpy
+from kernels import cuda
+from kernels.backend import device_label, get_namespace, synchronize, to_host
 from kernels.dualcontrol.grid import interpolate, make_state_grid
 from kernels.dualcontrol.model import ModelParams
 from kernels.dualcontrol.solve import Criterion, SolveSettings, solve
@@ -76,7 +80,7 @@ def run_one(
     solution = solve(MODEL, grid, settings, xp)
     synchronize(xp)
     seconds = time.perf_counter() - start
-    value = to_numpy(solution.value)
+    value = to_host(solution.value)
     at = interpolate(value, grid, grid.node_arrays(np), *REPORT_STATES.T, np)
     return {
         "n": n,
@@ -132,7 +136,10 @@ def main() -> None:
         flush=True,
     )
     if args.device == "gpu":
-        for policy in ("inert", "myopic", "optimal"):  # compiles the CUDA module and CuPy's own kernels
+        start = time.perf_counter()
+        modules = cuda.warm_up()  # the worker's start-up compile of every declared variant
+        print(f"warm-up: {modules} CUDA modules in {time.perf_counter() - start:.2f} s", flush=True)
+        for policy in ("inert", "myopic", "optimal"):  # CuPy's own kernels (reductions, interpolation)
             run_one(xp, 32, policy, "full", 4, 3, dtype, args.criterion)
     rows, spent = [], 0.0
     for n in args.sizes:

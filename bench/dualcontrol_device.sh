@@ -5,7 +5,9 @@
 #   bash bench/dualcontrol_device.sh paper      # optimal policy at 64^3 and 128^3 under the paper's stopping
 #                                               # rule (delta/(1-delta) sup-norm): plain VI (the paper's
 #                                               # algorithm) and full acceleration
-# Logs and JSON go to $OUT; a summary table is printed last.
+# Logs and JSON go to $OUT; a summary table is printed last. Needs only numpy and cupy (the GPU tests and the
+# benchmark import the numerics modules, not the job's pydantic models); the CUDA kernels are compiled by
+# kernels/cuda.py (model and algorithms: docs/dualcontrol.md).
 set -u -o pipefail
 MODE=${1:-validate}
 OUT=${OUT:-/tmp/dualcontrol_out}
@@ -15,7 +17,8 @@ nvidia-smi -L
 python3 -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)'
 B=bench/dualcontrol_bench.py
 if [ "$MODE" = validate ]; then
-  timeout 150 python3 -m pytest tests/kernels/dualcontrol/test_dualcontrol_gpu.py -q -p no:cacheprovider -o addopts="" 2>&1 \
+  timeout 150 python3 -m pytest tests/kernels/dualcontrol/test_dualcontrol_gpu.py -m gpu -q -p no:cacheprovider \
+    -o addopts="" 2>&1 \
     | tee "$OUT/dc_gpu_tests.log" | tail -25
   timeout 110 python3 $B --device gpu --sizes 64 128 --policies inert myopic optimal --json "$OUT/dc_small.json" \
     2>&1 | tee "$OUT/dc_small.log" | grep -v '^{'

@@ -6,6 +6,7 @@
     python bench/ks_bench.py solve --no-graph --check-every 1   # before: plain panel loop, read-back every step
     GPUEST_DEVICE=cpu python bench/ks_bench.py solve --n-agents 10000          # the NumPy path
     python bench/ks_bench.py rounding --interpolation catmull_rom --seed 2   # ulp sensitivity (NumPy, ~2 min)
+    python bench/ks_bench.py example   # the kind's example on NumPy and the default device, worst gap
 
 On the GPU the panel benchmark builds one :class:`CudaPanel` (buffers and, unless ``--no-graph``, the period
 loop captured as CUDA graphs), simulates once untimed, then times ``--repeats`` replays; the capture time is
@@ -22,20 +23,21 @@ import time
 
 import numpy as np
 
-from kernels.backend import device_label, get_namespace, is_gpu, synchronize, to_numpy
+from kernels.backend import is_numpy, synchronize, to_host
+from kernels.context import local_context
 from kernels.ks.grids import Grids
 from kernels.ks.model import Calibration
 from kernels.ks.policy import EulerProblem, PolicySettings, initial_policy, solve_policy
 from kernels.ks.simulate import CudaPanel, aggregate_path, initial_employment, simulate_panel
 from kernels.ks.solve import SolveSettings, solve
-from kernels.timing import StageTimer
 
 # converged ALM at the standard settings (NumPy, N = 10,000, bilinear): the policy the panel benchmark uses
 REFERENCE_ALM = np.array([0.144219, 0.960361, 0.154786, 0.958879])
 
 
 def bench_panel(args: argparse.Namespace) -> dict:
-    xp = get_namespace()
+    ctx = local_context()  # GPUEST_DEVICE picks the backend (default: the GPU when one is usable)
+    xp = ctx.xp
     cal, grids = Calibration(), Grids(args.k_size, 0.0, 1000.0, 7.0, args.K_size, 30.0, 50.0)
     problem = EulerProblem(xp, cal, grids, args.interpolation)
     policy = solve_policy(xp, problem, REFERENCE_ALM, initial_policy(xp, grids), PolicySettings(tolerance=1e-8)).policy
@@ -44,7 +46,7 @@ def bench_panel(args: argparse.Namespace) -> dict:
     e0 = initial_employment(xp, cal, args.seed, args.n_agents, 0)
     a_path = aggregate_path(cal, args.seed, args.periods + 1)
     engine, capture_seconds = None, 0.0
-    if is_gpu(xp):
+    if not is_numpy(xp):
         simulate_panel(xp, cal, grids, args.interpolation, policy, k0, e0, a_path[:3], args.seed)  # compile
         synchronize(xp)
         start = time.perf_counter()
@@ -67,7 +69,7 @@ def bench_panel(args: argparse.Namespace) -> dict:
         synchronize(xp)
         times.append(time.perf_counter() - start)
     best = min(times)
-    return {"bench": "ks_panel", "device": device_label(xp), "n_agents": args.n_agents, "periods": args.periods,
+    return {"bench": "ks_panel", "device": ctx.device, "n_agents": args.n_agents, "periods": args.periods,
             "interpolation": args.interpolation, "precision": args.precision, "grid": f"{args.k_size}x{args.K_size}",
             "graph": bool(engine is not None and engine.graph_used), "capture_seconds": capture_seconds,
             "seconds_best": best, "seconds_all": times,
@@ -76,25 +78,25 @@ def bench_panel(args: argparse.Namespace) -> dict:
 
 
 def bench_solve(args: argparse.Namespace) -> dict:
-    xp = get_namespace()
+    ctx = local_context()
+    xp = ctx.xp
     cal, grids = Calibration(), Grids(args.k_size, 0.0, 1000.0, 7.0, args.K_size, 30.0, 50.0)
     settings = SolveSettings(n_agents=args.n_agents, periods=args.periods, burn_in=args.burn_in,
                              tolerance=args.tolerance, interpolation=args.interpolation, precision=args.precision,
                              seed=args.seed, max_iterations=args.max_iterations, panel_graph=args.graph,
                              policy=PolicySettings(check_every=args.check_every))
-    timer = StageTimer(xp)
     synchronize(xp)
     start = time.perf_counter()
-    solution = solve(xp, cal, grids, settings, timer)
+    solution = solve(xp, cal, grids, settings, ctx.timer)
     synchronize(xp)
     seconds = time.perf_counter() - start
     bad, good = solution.regressions
-    policy = to_numpy(solution.policy)
-    return {"bench": "ks_solve", "device": device_label(xp), "grid": f"{args.k_size}x{args.K_size}",
+    policy = to_host(solution.policy)
+    return {"bench": "ks_solve", "device": ctx.device, "grid": f"{args.k_size}x{args.K_size}",
             "n_agents": args.n_agents, "periods": args.periods, "interpolation": args.interpolation,
             "precision": args.precision, "tolerance": args.tolerance, "seconds_end_to_end": seconds,
             "graph": solution.panel_graph, "check_every": args.check_every,
-            "timings": timer.as_dict(), "iterations": solution.iterations, "converged": solution.converged,
+            "timings": ctx.timer.as_dict(), "iterations": solution.iterations, "converged": solution.converged,
             "policy_iterations_total": int(sum(solution.policy_iterations)),
             "alm": {"bad": [bad.intercept, bad.slope, bad.r2, bad.se], "good": [good.intercept, good.slope, good.r2,
                                                                                 good.se]},
@@ -185,12 +187,44 @@ def bench_rounding(args: argparse.Namespace) -> dict:
             "den_haan_mean_abs": abs(got.den_haan_mean - ref.den_haan_mean)}
 
 
+def _leaf_gaps(left, right, path: str = "") -> list[tuple[float, str]]:
+    """(relative difference, path) of every numeric leaf of two result JSONs (timings and device skipped)."""
+    if isinstance(left, dict):
+        return [gap for key in left if key not in ("timings", "device")
+                for gap in _leaf_gaps(left[key], right[key], f"{path}.{key}")]
+    if isinstance(left, list):
+        return [gap for i, (a, b) in enumerate(zip(left, right, strict=True))
+                for gap in _leaf_gaps(a, b, f"{path}[{i}]")]
+    if isinstance(left, bool) or not isinstance(left, int | float):
+        return [(0.0 if left == right else float("inf"), path)]
+    return [(0.0 if left == right else abs(left - right) / max(abs(left), abs(right)), path)]
+
+
+def bench_example(args: argparse.Namespace) -> dict:
+    """The kind's own example (``KS_SOLVE.example``) through ``run_kind`` on NumPy and on the default device,
+    with the worst relative gap between the two result JSONs (the cross-backend test holds it to 1e-9)."""
+    from kernels.context import run_kind
+    from kernels.ks.jobs import KS_SOLVE
+
+    runs = []  # (device, result, seconds): NumPy first, then the default device (NumPy again without a GPU)
+    for device in ("cpu", None):
+        ctx = local_context(device=device)
+        start = time.perf_counter()
+        result = run_kind(KS_SOLVE, KS_SOLVE.example.params, ctx)
+        runs.append((ctx.device, result, time.perf_counter() - start))
+    (cpu_name, cpu, cpu_seconds), (other_name, other, other_seconds) = runs
+    worst = max(_leaf_gaps(cpu, other), default=(0.0, "-"))
+    return {"bench": "ks_example", "devices": [cpu_name, other_name], "seconds": [cpu_seconds, other_seconds],
+            "worst_relative_gap": worst[0], "worst_leaf": worst[1], "iterations": cpu["iterations"],
+            "converged": cpu["converged"], "policy_iterations": cpu["policy_iterations"]}
+
+
 def summarize(path: str) -> None:
     """One line per benchmark of a log of this script's JSON lines."""
     with open(path) as log:
         rows = [json.loads(line) for line in log if line.startswith("{")]
     for r in rows:
-        if r["bench"] == "ks_rounding":
+        if r["bench"] in ("ks_rounding", "ks_example"):
             print(r)
             continue
         loop = "graph" if r.get("graph") else "plain loop"
@@ -210,7 +244,7 @@ def summarize(path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["panel", "solve", "rounding", "summary"])
+    parser.add_argument("what", choices=["panel", "solve", "rounding", "example", "summary"])
     parser.add_argument("--log", help="summary: the JSON-lines log to tabulate")
     parser.add_argument("--n-agents", type=int, default=10_000)
     parser.add_argument("--periods", type=int, default=None, help="default: panel 1000, solve 1100")
@@ -234,7 +268,8 @@ def main() -> None:
         return
     if args.periods is None:
         args.periods = 1000 if args.what == "panel" else 1100
-    out = {"panel": bench_panel, "solve": bench_solve, "rounding": bench_rounding}[args.what](args)
+    benches = {"panel": bench_panel, "solve": bench_solve, "rounding": bench_rounding, "example": bench_example}
+    out = benches[args.what](args)
     print(json.dumps(out))
 
 

@@ -3,15 +3,22 @@
 #   bash bench/ks_device.sh          # GPU-vs-NumPy tests, then the full benchmark list (as in bench/RESULTS.md)
 #   bash bench/ks_device.sh graph    # GPU tests, then before/after of the CUDA-graph panel loop and of the
 #                                    # Euler convergence check every 10 steps (--no-graph --check-every 1 = before)
+# The GPU tests need numpy, cupy and pytest; the benchmarks also pydantic (they run through
+# kernels.context.local_context, and `example` through run_kind), installed from the wheel folder .whl when it
+# is carried along. The CUDA kernels are compiled by kernels/cuda.py (model and conventions: docs/ks.md).
 set -o pipefail
 MODE=${1:-all}
 OUT=${OUT:-/tmp/ks_out}; mkdir -p "$OUT"
 nvidia-smi -L; python3 -c 'import cupy; print("cupy", cupy.__version__)'
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 lscpu | grep -m1 'Model name'
-timeout 300 python3 -m pytest tests/kernels/ks/test_ks_gpu.py -q -rs -p no:cacheprovider -o addopts="" 2>&1 \
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --find-links .whl pydantic pydantic-settings pytest pytest-timeout
+fi
+timeout 300 python3 -m pytest tests/kernels/ks -m gpu -q -rs -p no:cacheprovider -o addopts="" 2>&1 \
   | tee "$OUT/ks_gpu_tests.log"
 B="python3 bench/ks_bench.py"
+$B example 2>&1 | tee "$OUT/ks_example.log"  # the kind's example, NumPy vs GPU (worst relative gap)
 if [ "$MODE" = graph ]; then
   {
     for G in --graph --no-graph; do

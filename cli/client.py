@@ -14,7 +14,8 @@ from typing import Any, Self, TypedDict, cast
 
 import httpx
 
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+from core.status import TERMINAL_STATUSES
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 PARQUET_MEDIA_TYPE = "application/vnd.apache.parquet"
 UPLOAD_MEDIA_TYPES = {".csv": "text/csv", ".parquet": PARQUET_MEDIA_TYPE, ".pq": PARQUET_MEDIA_TYPE}

@@ -20,6 +20,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from cli.client import DEFAULT_URL, ApiError, GpuestClient, Job, page_items
+from core.status import JobStatus
 
 app = typer.Typer(help="gpuest: GPU estimation jobs as a web service.", no_args_is_help=True)
 jobs_app = typer.Typer(help="List jobs.", no_args_is_help=True)
@@ -107,13 +108,13 @@ def follow(client: GpuestClient, job: Job, poll_interval: float) -> Job:
 
 def report_final(job: Job) -> None:
     status = job.get("status")
-    if status == "succeeded":
+    if status == JobStatus.SUCCEEDED:
         out.print(f"job {job['id']} succeeded on {job.get('device') or '?'}")
         return
     error = job.get("error") or {}
     message = f": {error.get('type')}: {error.get('message')}" if error else ""
     out.print(f"job {job['id']} {status}{message}", highlight=False)
-    raise typer.Exit(2 if status == "failed" else 3)
+    raise typer.Exit(2 if status == JobStatus.FAILED else 3)
 
 
 @app.command()
@@ -295,7 +296,7 @@ def serve(
 ) -> None:
     """Run the embedded stack: migrations, the API and a real Celery worker; Ctrl-C stops both."""
     from cli.serve import StackStartError, serve_forever
-    from store.settings import get_settings
+    from core.settings import get_settings
 
     try:
         serve_forever(
@@ -313,8 +314,8 @@ def serve(
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Migrate the configured database (DATABASE_URL, default SQLite under the data dir) to the newest schema."""
+    from core.settings import get_settings
     from store.migrate import upgrade_to_head
-    from store.settings import get_settings
 
     upgrade_to_head()
     err.print(f"database at head: {_redact(get_settings().resolved_database_url())}", markup=False)

@@ -29,8 +29,8 @@ from typing import IO
 
 import httpx
 
+from core.settings import Settings
 from store.migrate import upgrade_to_head
-from store.settings import Settings
 
 STOP_GRACE_SECONDS = 10.0
 STARTUP_TIMEOUT_SECONDS = 60.0
@@ -239,7 +239,7 @@ def worker_argv(queue: str) -> list[str]:
     # Gossip, mingle and the event heartbeat talk to other workers over broadcast exchanges: one worker per
     # GPU needs none of it, and skipping mingle saves a second at start.
     return [
-        sys.executable, "-m", "celery", "-A", "worker.celery_app:celery_app", "worker",
+        sys.executable, "-m", "celery", "-A", "worker.tasks:celery_app", "worker",
         "-Q", queue, "--pool", "solo", "--concurrency", "1", "--loglevel", "INFO",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]

@@ -1,21 +1,25 @@
-"""Job kinds: name -> parameter model, runner and the parameter fields that hold dataset ids.
+"""Job kinds: name -> params model, result model, runner, dataset fields and a runnable example.
 
 A new estimator is one folder in ``kernels/`` whose ``jobs`` module defines ``KINDS`` (a list of
-:class:`JobKind`), plus one line in :data:`_KIND_MODULES`.
+:class:`JobKind`), plus one line in :data:`_KIND_MODULES` (see ``kernels/README.md``).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kernels.progress import Progress
-from kernels.spec import JobParams
+from kernels.spec import JobParams, ResultModel
 
-Runner = Callable[[Any, Mapping[str, Any], Progress], dict[str, Any]]
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from kernels.context import RunContext
+
+Runner = Callable[[Any, "RunContext"], ResultModel]
 
 _KIND_MODULES: tuple[str, ...] = (
     "kernels.crve.jobs",
@@ -26,21 +30,38 @@ _KIND_MODULES: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
+class KindExample:
+    """One small job of the kind that runs in seconds on NumPy: shown in the API's OpenAPI document and the
+    CLI, and run on every backend by the cross-backend test.
+
+    ``params`` may name dataset fields with placeholder ids; ``datasets`` then makes the tables those
+    fields stand for (params field -> DataFrame), deterministically."""
+
+    params: Mapping[str, Any]
+    datasets: Callable[[], dict[str, pd.DataFrame]] | None = None
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        return self.datasets() if self.datasets is not None else {}
+
+
+@dataclass(frozen=True)
 class JobKind:
     """One job kind.
 
-    ``run(params, data, progress)`` gets the validated params, ``data`` mapping each name in
-    ``dataset_fields`` that the params set to a ``pandas.DataFrame`` of that dataset, and the
-    progress channel; it returns the JSON-serialisable result (per-stage seconds under ``"timings"``,
-    the device under ``"device"``).
+    ``run(params, ctx)`` gets the validated params and the :class:`~kernels.context.RunContext` and returns
+    an instance of ``result_model`` (device and timings are stamped by :func:`kernels.context.run_kind`).
+    ``dataset_fields`` are the params fields that hold dataset ids; ``host_only`` kinds always run on NumPy
+    (their work is table manipulation a GPU would not speed up), and say ``"device": "cpu"``.
     """
 
     name: str
     params_model: type[JobParams]
+    result_model: type[ResultModel]
     run: Runner
+    example: KindExample
     dataset_fields: tuple[str, ...] = ()
     summary: str = ""
-    example: Mapping[str, Any] = field(default_factory=dict)
+    host_only: bool = False
 
     def dataset_ids(self, params: JobParams) -> dict[str, str]:
         ids = {name: getattr(params, name, None) for name in self.dataset_fields}
@@ -63,3 +84,8 @@ def get_kind(name: str) -> JobKind:
         return registry()[name]
     except KeyError:
         raise KeyError(f"unknown job kind {name!r}; known kinds: {sorted(registry())}") from None
+
+
+def result_models() -> tuple[type[ResultModel], ...]:
+    """Every kind's result model (the result endpoint's schema is their union)."""
+    return tuple(dict.fromkeys(kind.result_model for kind in registry().values()))

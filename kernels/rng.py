@@ -3,7 +3,7 @@
 Every value is a pure function of ``(seed, stream, index)``: the key is the 64-bit seed, the counter is
 ``(index_lo, index_hi, stream_lo, stream_hi)``. A chunked, re-run or multi-GPU computation therefore draws
 exactly the numbers of the single run, and a CUDA kernel can generate its own numbers in registers (see
-:data:`PHILOX_CUDA_SOURCE`, the same algorithm as device functions) without ever storing them.
+``kernels/philox.cuh``, the same algorithm as CUDA device functions) without ever storing them.
 
 The functions below are written once against the array namespace ``xp``; integer draws (bits,
 Rademacher signs, indices) are bit-identical across backends, floating-point ones agree to the last
@@ -12,7 +12,8 @@ ulp or so of the transcendental functions.
 
 from __future__ import annotations
 
-from types import ModuleType
+from collections.abc import Mapping
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 PHILOX_M0 = 0xD2511F53
@@ -80,48 +81,62 @@ def integers(xp: ModuleType, seed: int, stream: int, index: Any, high: int) -> A
     return xp.minimum(draws, high - 1)
 
 
-PHILOX_CUDA_SOURCE = r"""
-// Philox4x32-10 and the transforms of kernels/rng.py, as CUDA device functions: same numbers.
-struct gpuest_u32x4 { unsigned int x, y, z, w; };
+# Every family of random draws in the code base, by name: the stream number is part of each draw's address,
+# so a number here can never change (stored jobs would no longer reproduce) and a new family takes a new
+# name. Numbers may repeat across estimators (each job keys Philox with its own seed) but never inside one.
+# CUDA sources that include philox.cuh see each as GPUEST_STREAM_<NAME> (an unsigned long long literal).
+STREAMS: Mapping[str, int] = MappingProxyType({
+    # CRVE Monte Carlo (kernels/crve/montecarlo.py and its CUDA twin): the CGM (2008) design.
+    "CRVE_MC_X_CLUSTER": 1,
+    "CRVE_MC_U_CLUSTER": 2,
+    "CRVE_MC_X_INDIVIDUAL": 3,
+    "CRVE_MC_U_INDIVIDUAL": 4,
+    # CRVE bootstrap weights (kernels/crve/weights.py and its CUDA twin).
+    "CRVE_WEIGHTS": 5,
+    # CRVE synthetic data sets (kernels/crve/synthetic.py).
+    "CRVE_SYNTHETIC_X": 11,
+    "CRVE_SYNTHETIC_X_CLUSTER": 12,
+    "CRVE_SYNTHETIC_U": 13,
+    "CRVE_SYNTHETIC_U_CLUSTER": 14,
+    "CRVE_SYNTHETIC_FE": 15,
+    # SCCS synthetic data (kernels/sccs/synthetic.py).
+    "SCCS_SYNTHETIC_ERAS": 1,
+    "SCCS_SYNTHETIC_LENGTH": 2,
+    "SCCS_SYNTHETIC_PAIR_CASE": 3,
+    "SCCS_SYNTHETIC_RUN_START": 4,
+    "SCCS_SYNTHETIC_RUN_LENGTH": 5,
+    "SCCS_SYNTHETIC_EFFECT_ON": 6,
+    "SCCS_SYNTHETIC_EFFECT": 7,
+    "SCCS_SYNTHETIC_EVENTS": 8,
+    "SCCS_SYNTHETIC_EVENT_ERA": 9,
+    # SCCS cross-validation folds, bootstrap resamples, and the two hashes of person-data-to-eras.
+    "SCCS_CV_FOLDS": 0x5CC5_0001,
+    "SCCS_BOOTSTRAP": 0x5CC5_0002,
+    "SCCS_ERAS_DRUG_HASH": 0x5CC5_0003,
+    "SCCS_ERAS_CASE_HASH": 0x5CC5_0004,
+    # Krusell-Smith shocks (kernels/ks/simulate.py and its CUDA twin).
+    "KS_AGGREGATE": 1,
+    "KS_IDIOSYNCRATIC": 2,
+    "KS_INITIAL_EMPLOYMENT": 3,
+    "KS_TEST_AGGREGATE": 11,  # the fresh path of the Den Haan accuracy test
+    "KS_TEST_IDIOSYNCRATIC": 12,
+})
 
-__device__ __forceinline__ gpuest_u32x4 gpuest_philox4x32(
-        unsigned long long seed, unsigned long long stream, unsigned long long index) {
-    unsigned int c0 = (unsigned int)(index & 0xFFFFFFFFull), c1 = (unsigned int)(index >> 32);
-    unsigned int c2 = (unsigned int)(stream & 0xFFFFFFFFull), c3 = (unsigned int)(stream >> 32);
-    unsigned int k0 = (unsigned int)(seed & 0xFFFFFFFFull), k1 = (unsigned int)(seed >> 32);
-    #pragma unroll
-    for (int round = 0; round < 10; ++round) {
-        if (round) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
-        unsigned int hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-        unsigned int hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-        unsigned int n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-        c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
-    }
-    gpuest_u32x4 out = {c0, c1, c2, c3};
-    return out;
-}
 
-__device__ __forceinline__ double gpuest_unit_interval(unsigned int high, unsigned int low) {
-    unsigned long long bits = ((unsigned long long)(high >> 5)) * 67108864ull + (unsigned long long)(low >> 6);
-    return ((double)bits + 0.5) * (1.0 / 9007199254740992.0);
-}
+def _check_streams() -> None:
+    by_family: dict[str, dict[int, str]] = {}
+    for name, number in STREAMS.items():
+        if not 0 <= number < 2**64:
+            raise ValueError(f"RNG stream {name} = {number} is not a 64-bit unsigned integer")
+        family = by_family.setdefault(name.split("_", 1)[0], {})
+        if number in family:
+            raise ValueError(f"RNG streams {family[number]} and {name} share the number {number}")
+        family[number] = name
 
-__device__ __forceinline__ double gpuest_uniform(
-        unsigned long long seed, unsigned long long stream, unsigned long long index) {
-    gpuest_u32x4 w = gpuest_philox4x32(seed, stream, index);
-    return gpuest_unit_interval(w.x, w.y);
-}
 
-__device__ __forceinline__ double gpuest_normal(
-        unsigned long long seed, unsigned long long stream, unsigned long long index) {
-    gpuest_u32x4 w = gpuest_philox4x32(seed, stream, index);
-    double radius = sqrt(-2.0 * log(gpuest_unit_interval(w.x, w.y)));
-    return radius * cos(2.0 * 3.141592653589793 * gpuest_unit_interval(w.z, w.w));
-}
+_check_streams()
 
-__device__ __forceinline__ double gpuest_rademacher(
-        unsigned long long seed, unsigned long long stream, unsigned long long index) {
-    gpuest_u32x4 w = gpuest_philox4x32(seed, stream, index);
-    return 1.0 - 2.0 * (double)(w.x & 1u);
-}
-"""
+
+def cuda_defines() -> dict[str, str]:
+    """``GPUEST_STREAM_<NAME>`` -> ``<number>ull`` for every registered stream (see :mod:`kernels.cuda`)."""
+    return {f"GPUEST_STREAM_{name}": f"{number}ull" for name, number in STREAMS.items()}

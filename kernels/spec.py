@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class JobParams(BaseModel):
@@ -14,7 +14,20 @@ class JobParams(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-class ResultModel(BaseModel):
-    """A job's result object; runners return ``model_dump(mode="json")`` of a subclass."""
+class ResultPart(BaseModel):
+    """A record nested inside a result (a coefficient row, a state report): strict, and without the
+    ``device`` / ``timings`` that only the top-level :class:`ResultModel` carries."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class ResultModel(BaseModel):
+    """A job's result object. Runners return an instance of their kind's subclass and leave ``device`` and
+    ``timings`` alone: :func:`kernels.context.run_kind` stamps both, once, for every kind."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field("", description='"cpu" or the GPU\'s name, e.g. "NVIDIA H100 80GB HBM3"')
+    timings: dict[str, float] = Field(
+        default_factory=dict, description="Seconds per stage of the run (after device synchronisation), and total"
+    )

@@ -5,9 +5,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import pool
 
+from core.settings import get_settings
 from store.db import engine_for
 from store.models import Base
-from store.settings import get_settings
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or get_settings().resolved_database_url()

@@ -1,1 +1,1 @@
-"""Persistence shared by the API and the worker: settings, models, repositories, artifact files."""
+"""Persistence shared by the API and the worker: models, repositories, migrations check, artifact files."""

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from store.settings import get_settings
+from core.settings import get_settings
+from kernels.backend import to_host
 
 ARTIFACT_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
@@ -23,7 +24,9 @@ def job_artifact_dir(job_id: str) -> Path:
     return get_settings().artifacts_dir / job_id
 
 
-def _atomic_target(final: Path) -> Path:
+def atomic_target(final: Path) -> Path:
+    """A new empty temporary file beside ``final`` (same filesystem): write it, then ``os.replace`` it onto
+    ``final``, so a reader never sees a half-written file."""
     final.parent.mkdir(parents=True, exist_ok=True)
     handle, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".part")
     os.close(handle)
@@ -41,26 +44,21 @@ def save_artifact(job_id: str, name: str, value: Any) -> dict[str, Any]:
     directory = job_artifact_dir(job_id)
     if hasattr(value, "to_parquet"):
         final, media_type = directory / f"{name}.parquet", "application/vnd.apache.parquet"
-        temporary = _atomic_target(final)
+        temporary = atomic_target(final)
         value.to_parquet(temporary, index=False)
     elif isinstance(value, dict) and value and all(hasattr(v, "shape") for v in value.values()):
         final, media_type = directory / f"{name}.npz", "application/octet-stream"
-        temporary = _atomic_target(final)
+        temporary = atomic_target(final)
         with temporary.open("wb") as handle:
-            np.savez_compressed(handle, **{key: _host(array) for key, array in value.items()})
+            np.savez_compressed(handle, **{key: to_host(array) for key, array in value.items()})
     elif hasattr(value, "shape"):
         final, media_type = directory / f"{name}.npy", "application/octet-stream"
-        temporary = _atomic_target(final)
+        temporary = atomic_target(final)
         with temporary.open("wb") as handle:
-            np.save(handle, _host(value))
+            np.save(handle, to_host(value))
     else:
         final, media_type = directory / f"{name}.json", "application/json"
-        temporary = _atomic_target(final)
+        temporary = atomic_target(final)
         temporary.write_text(json.dumps(value))
     os.replace(temporary, final)
     return {"file": final.name, "media_type": media_type, "bytes": final.stat().st_size}
-
-
-def _host(array: Any) -> np.ndarray:
-    get = getattr(array, "get", None)
-    return get() if callable(get) else np.asarray(array)

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
-from store.artifacts import _atomic_target, dataset_path
+from store.artifacts import atomic_target, dataset_path
 from store.models import Dataset, new_id
 
 SOURCE_FORMATS = ("csv", "parquet")
@@ -111,7 +111,7 @@ def ingest(session: Session, *, owner: str, name: str, upload: Path, source_form
     table = read_table(upload, source_format)
     dataset_id = new_id()
     final = dataset_path(dataset_id)
-    temporary = _atomic_target(final)
+    temporary = atomic_target(final)
     try:
         pq.write_table(table, temporary)
         os.replace(temporary, final)

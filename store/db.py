@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from store.settings import get_settings
+from core.settings import get_settings
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

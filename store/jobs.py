@@ -14,10 +14,8 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from core.status import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
 from store.models import Job, utcnow
-
-TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
-ALL_STATUSES = ("queued", "running", *TERMINAL_STATUSES)
 
 
 def create_job(
@@ -73,7 +71,7 @@ def list_jobs(
     *,
     owner: str,
     kind: str | None = None,
-    status: str | None = None,
+    status: JobStatus | None = None,
     limit: int = 50,
     offset: int = 0,
 ) -> tuple[Sequence[Job], int]:
@@ -100,9 +98,9 @@ def claim(session: Session, job_id: str, *, worker: str, device: str) -> bool:
     now = utcnow()
     result = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status == "queued", Job.cancel_requested.is_(False))
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED, Job.cancel_requested.is_(False))
         .values(
-            status="running",
+            status=JobStatus.RUNNING,
             worker=worker,
             device=device,
             attempts=Job.attempts + 1,
@@ -123,7 +121,7 @@ def record_progress(session: Session, job_id: str, *, worker: str, progress: flo
         values["stage"] = stage[:200]
     updated = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status == "running", Job.worker == worker)
+        .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
         .values(**values)
         .execution_options(synchronize_session=False)
     ).rowcount
@@ -135,7 +133,7 @@ def record_progress(session: Session, job_id: str, *, worker: str, progress: flo
 def heartbeat(session: Session, job_id: str, *, worker: str) -> None:
     session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status == "running", Job.worker == worker)
+        .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
         .values(heartbeat_at=utcnow())
         .execution_options(synchronize_session=False)
     )
@@ -146,7 +144,7 @@ def finish(
     job_id: str,
     *,
     worker: str,
-    status: str,
+    status: JobStatus,
     result: dict[str, Any] | None = None,
     error: dict[str, Any] | None = None,
     timings: dict[str, Any] | None = None,
@@ -156,7 +154,7 @@ def finish(
     if status not in TERMINAL_STATUSES:
         raise ValueError(f"not a terminal status: {status}")
     values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "error": error}
-    if status == "succeeded":
+    if status == JobStatus.SUCCEEDED:
         values.update(progress=1.0, stage="done", result=result)
     if timings is not None:
         values["timings"] = timings
@@ -164,7 +162,7 @@ def finish(
         values["artifacts"] = artifacts
     updated = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status == "running", Job.worker == worker)
+        .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
         .values(**values)
         .execution_options(synchronize_session=False)
     ).rowcount
@@ -176,13 +174,13 @@ def request_cancel(session: Session, job_id: str, owner: str) -> Job | None:
     now = utcnow()
     session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.owner == owner, Job.status == "queued")
-        .values(status="cancelled", cancel_requested=True, finished_at=now, stage="cancelled before start")
+        .where(Job.id == job_id, Job.owner == owner, Job.status == JobStatus.QUEUED)
+        .values(status=JobStatus.CANCELLED, cancel_requested=True, finished_at=now, stage="cancelled before start")
         .execution_options(synchronize_session=False)
     )
     session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.owner == owner, Job.status == "running")
+        .where(Job.id == job_id, Job.owner == owner, Job.status == JobStatus.RUNNING)
         .values(cancel_requested=True)
         .execution_options(synchronize_session=False)
     )
@@ -192,19 +190,19 @@ def request_cancel(session: Session, job_id: str, owner: str) -> Job | None:
 
 def stale_running_jobs(session: Session, *, stale_after: timedelta, now: datetime | None = None) -> list[Job]:
     cutoff = (now or utcnow()) - stale_after
-    return list(session.scalars(select(Job).where(Job.status == "running", Job.heartbeat_at < cutoff)).all())
+    return list(session.scalars(select(Job).where(Job.status == JobStatus.RUNNING, Job.heartbeat_at < cutoff)).all())
 
 
-def requeue_or_fail_stale(session: Session, job: Job, *, max_attempts: int) -> str | None:
+def requeue_or_fail_stale(session: Session, job: Job, *, max_attempts: int) -> JobStatus | None:
     """Return a job whose worker went silent to the queue, or fail it when its attempts are spent.
 
     Returns the new status, or None when another party changed the job first.
     """
-    conditions = (Job.id == job.id, Job.status == "running", Job.heartbeat_at == job.heartbeat_at)
+    conditions = (Job.id == job.id, Job.status == JobStatus.RUNNING, Job.heartbeat_at == job.heartbeat_at)
     if job.cancel_requested:
-        new_status, values = "cancelled", {"finished_at": utcnow(), "stage": "cancelled (worker lost)"}
+        new_status, values = JobStatus.CANCELLED, {"finished_at": utcnow(), "stage": "cancelled (worker lost)"}
     elif job.attempts >= max_attempts:
-        new_status = "failed"
+        new_status = JobStatus.FAILED
         values = {
             "finished_at": utcnow(),
             "error": {
@@ -213,7 +211,7 @@ def requeue_or_fail_stale(session: Session, job: Job, *, max_attempts: int) -> s
             },
         }
     else:
-        new_status = "queued"
+        new_status = JobStatus.QUEUED
         values = {"worker": None, "stage": "requeued after a lost worker", "progress": 0.0, "enqueued_at": utcnow()}
     updated = session.execute(
         update(Job).where(*conditions).values(status=new_status, **values).execution_options(synchronize_session=False)
@@ -230,9 +228,9 @@ def release(session: Session, job_id: str, *, worker: str, stage: str) -> bool:
     """
     updated = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status == "running", Job.worker == worker, Job.cancel_requested.is_(False))
+        .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker, Job.cancel_requested.is_(False))
         .values(
-            status="queued", worker=None, attempts=Job.attempts - 1, progress=0.0, stage=stage[:200],
+            status=JobStatus.QUEUED, worker=None, attempts=Job.attempts - 1, progress=0.0, stage=stage[:200],
             enqueued_at=utcnow(),
         )
         .execution_options(synchronize_session=False)
@@ -255,7 +253,7 @@ def queued_job_ids(session: Session, *, queue: str, not_sent_for: timedelta) -> 
     cutoff = utcnow() - not_sent_for
     return list(
         session.scalars(
-            select(Job.id).where(Job.status == "queued", _on_queue(queue), _not_sent_since(cutoff))
+            select(Job.id).where(Job.status == JobStatus.QUEUED, _on_queue(queue), _not_sent_since(cutoff))
         ).all()
     )
 
@@ -266,7 +264,7 @@ def mark_resent(session: Session, job_id: str, *, queue: str, not_sent_for: time
     cutoff = utcnow() - not_sent_for
     updated = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status == "queued", _on_queue(queue), _not_sent_since(cutoff))
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED, _on_queue(queue), _not_sent_since(cutoff))
         .values(enqueued_at=utcnow(), queue=queue)
         .execution_options(synchronize_session=False)
     ).rowcount
@@ -277,11 +275,19 @@ def mark_enqueued(session: Session, job_id: str) -> None:
     """Record that a message for this queued job is being sent now."""
     session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status == "queued")
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
         .values(enqueued_at=utcnow())
         .execution_options(synchronize_session=False)
     )
 
 
+def jobs_using_dataset(session: Session, owner: str, dataset_id: str) -> list[str]:
+    """Ids of the owner's queued or running jobs that read ``dataset_id`` (such a dataset must not go)."""
+    rows = session.execute(
+        select(Job.id, Job.dataset_ids).where(Job.owner == owner, Job.status.in_(ACTIVE_STATUSES))
+    ).all()
+    return [job_id for job_id, ids in rows if dataset_id in (ids or {}).values()]
+
+
 def queue_depth(session: Session) -> int:
-    return session.scalar(select(func.count()).select_from(Job).where(Job.status == "queued")) or 0
+    return session.scalar(select(func.count()).select_from(Job).where(Job.status == JobStatus.QUEUED)) or 0

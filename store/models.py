@@ -9,6 +9,8 @@ from typing import Any, ClassVar
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from core.status import JobStatus
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -62,7 +64,7 @@ class Job(Base):
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
     dataset_ids: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    status: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    status: Mapped[str] = mapped_column(String(16), index=True, default=JobStatus.QUEUED)
     progress: Mapped[float] = mapped_column(Float, default=0.0)
     stage: Mapped[str | None] = mapped_column(String(200), nullable=True)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

@@ -1,13 +1,16 @@
-"""Shared test fixtures: the ``gpu`` marker skips without a usable CUDA device."""
+"""Shared test fixtures: the ``gpu`` marker skips without a usable CUDA device; ``xp`` runs a test once per
+available array backend (NumPy always, CuPy where a GPU is usable)."""
 
 from __future__ import annotations
 
 import functools
 import os
+from types import ModuleType
 
+import numpy as np
 import pytest
 
-from kernels.backend import gpu_available
+from kernels.backend import get_namespace, gpu_available
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -17,6 +20,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def xp(request: pytest.FixtureRequest) -> ModuleType:
+    """The array namespace of each backend in turn: a kernel test taking ``xp`` runs on NumPy and, where a
+    GPU is usable, on CuPy (the CuPy run carries the ``gpu`` marker, so it skips without one)."""
+    return np if request.param == "numpy" else get_namespace("gpu")
 
 
 # -- servers tier: skipped (with the reason) without Postgres + Redis; GPUEST_REQUIRE_SERVERS=1 (set by

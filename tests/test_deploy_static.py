@@ -102,7 +102,7 @@ def our_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def settings_env_names() -> set[str]:
     from pydantic import AliasChoices
 
-    from store.settings import Settings
+    from core.settings import Settings
 
     prefix = Settings.model_config.get("env_prefix", "")
     names: set[str] = set()
@@ -264,7 +264,7 @@ def test_service_commands_resolve(compose: dict[str, Any]) -> None:
 def test_environment_names_are_settings_the_code_reads(
     compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from store.settings import Settings
+    from core.settings import Settings
 
     readable = settings_env_names() | EXTERNAL_ENV
     for name, service in our_services(compose).items():
@@ -353,7 +353,7 @@ def test_worker_healthcheck_checks_the_alive_file_the_worker_touches(
 ) -> None:
     import importlib.util
 
-    from store.settings import Settings
+    from core.settings import Settings
 
     worker = compose["services"]["worker"]
     check = worker["healthcheck"]["test"]

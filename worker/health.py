@@ -36,7 +36,7 @@ def problem(path: Path | None, max_age: float, now: float | None = None) -> str 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from store.settings import Settings
+    from core.settings import Settings
 
     parser = argparse.ArgumentParser(prog="python -m worker.health", description=__doc__.splitlines()[0])
     parser.add_argument("--max-age", type=float, default=DEFAULT_MAX_AGE_SECONDS, help="seconds (default 60)")

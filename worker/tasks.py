@@ -1,8 +1,10 @@
 """The Celery task that runs one job, the reaper that rescues jobs of lost workers, and the worker's
-start and warm-shutdown hooks.
+start and warm-shutdown hooks. Start a worker with ``celery -A worker.tasks:celery_app worker ...``.
 
 The message carries only the job id. A claim is a conditional UPDATE (queued -> running), so a
-redelivered or duplicated message for a job already claimed or finished does nothing.
+redelivered or duplicated message for a job already claimed or finished does nothing. The worker makes the
+job's run context (array namespace, progress and cancel, dataset loading, artifacts) and hands it to
+:func:`kernels.context.run_kind`, which stamps the device and the stage timings on the result.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from celery.signals import worker_init, worker_ready, worker_shutting_down
@@ -24,24 +29,34 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
-from api.logging import configure_worker_logging
-from kernels.backend import GPUUnavailableError, device_label, get_namespace
+import core.queue
+from core.logging import configure_worker_logging
+from core.queue import RUN_JOB_TASK, send
+from core.settings import get_settings
+from core.status import JobStatus
+from kernels import backend, cuda
+from kernels.backend import GPUUnavailableError, device_label
+from kernels.context import DatasetLoader, RunContext, namespace_for, run_kind
 from kernels.progress import JobCancelled
-from kernels.registry import get_kind, registry
+from kernels.registry import JobKind, get_kind, registry
 from store import jobs as job_store
 from store.datasets import get_dataset, load_frame
 from store.db import session_scope
 from store.migrate import SchemaNotMigratedError, ensure_migrated
 from store.models import Job
-from store.settings import get_settings
-from worker.celery_app import RUN_JOB_TASK, celery_app
-from worker.dispatch import enqueue_job
 from worker.health import touch
 from worker.progress import Heartbeat, JobProgress, WorkerStopping, worker_stopping
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = structlog.get_logger("gpuest.worker")
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+# CuPy's on-disk cache of compiled kernels, under the data directory: a restarted worker loads them.
+CUDA_CACHE_DIR_NAME = "cuda-cache"
+
+celery_app = core.queue.celery_app()
 
 
 class Activity:
@@ -71,7 +86,8 @@ EXIT_NOT_READY = 78
 def run_job(job_id: str) -> str | None:
     _activity.started()
     try:
-        return execute_job(job_id)
+        status = execute_job(job_id)
+        return None if status is None else status.value
     finally:
         _activity.finished()
 
@@ -82,40 +98,61 @@ def _seconds_between(start: Any, end: Any) -> float | None:
     return (end.replace(tzinfo=None) - start.replace(tzinfo=None)).total_seconds()
 
 
-def execute_job(job_id: str, worker: str = WORKER_ID) -> str | None:
-    """Claim and run one job to a terminal status; returns that status, "queued" when a warm shutdown of
+@dataclass(frozen=True)
+class Placement:
+    """Where a job runs, chosen before its claim so that the device its row records is the one it runs on.
+
+    ``kind`` is None for an unknown kind name and ``xp`` None for an unusable device; ``error`` then says
+    why the job fails instead of running."""
+
+    device: str
+    kind: JobKind | None = None
+    xp: ModuleType | None = None
+    error: Exception | None = None
+
+
+def place(kind_name: str) -> Placement:
+    try:
+        kind: JobKind | None = get_kind(kind_name)
+        kind_error: KeyError | None = None
+    except KeyError as exc:  # the job fails with it; its row records the worker's default device
+        kind, kind_error = None, exc
+    try:
+        xp = namespace_for(kind) if kind is not None else backend.get_namespace()
+        return Placement(device_label(xp), kind, xp, kind_error)
+    except (GPUUnavailableError, ValueError) as exc:  # GPUEST_DEVICE=gpu without a GPU, or a bad value
+        return Placement("unavailable", kind, None, exc)
+
+
+def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
+    """Claim and run one job to a terminal status; returns that status, ``queued`` when a warm shutdown of
     this worker handed the job back to the queue, or None if it was not ours to run."""
     settings = get_settings()
     if worker_stopping.is_set():
         pass_on(job_id)
         return None
-    try:
-        device, device_error = device_label(get_namespace()), None
-    except (GPUUnavailableError, ValueError) as exc:  # GPUEST_DEVICE=gpu without a GPU, or a bad value
-        device, device_error = "unavailable", exc
     with session_scope() as session:
-        if not job_store.claim(session, job_id, worker=worker, device=device):
+        kind_name = session.scalar(select(Job.kind).where(Job.id == job_id))
+        placement = place(kind_name) if kind_name is not None else None
+        if placement is None or not job_store.claim(session, job_id, worker=worker, device=placement.device):
             log.info("job not claimed", job_id=job_id)
             return None
         job = session.get(Job, job_id)
         assert job is not None
-        kind_name, params, dataset_ids = job.kind, dict(job.params), dict(job.dataset_ids)
+        params, dataset_ids = dict(job.params), dict(job.dataset_ids)
         queue_wait = _seconds_between(job.created_at, job.started_at)
     log.info("job started", job_id=job_id, kind=kind_name, worker=worker)
 
     progress = JobProgress(job_id, worker)
     started = time.perf_counter()
     with Heartbeat(job_id, worker, settings.heartbeat_seconds):
-        status, result, error = _run_kind(job_id, kind_name, params, dataset_ids, device_error, progress)
+        status, result, error = _run(job_id, placement, params, dataset_ids, progress)
     run_seconds = time.perf_counter() - started
-    if status == "stopping":
+    if status == JobStatus.QUEUED:
         if hand_back(job_id, worker):
             log.info("job handed back to the queue: worker stopping", job_id=job_id, run_seconds=round(run_seconds, 3))
-            return "queued"
-        status = "cancelled"  # not released: its cancel was requested meanwhile (or it is no longer ours)
-    timings = {"queue_wait": queue_wait, "run": run_seconds}
-    if result is not None and isinstance(result.get("timings"), dict):
-        timings["stages"] = result["timings"]
+            return JobStatus.QUEUED
+        status = JobStatus.CANCELLED  # not released: its cancel was requested meanwhile (or it is no longer ours)
     with session_scope() as session:
         finished = job_store.finish(
             session,
@@ -124,43 +161,61 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> str | None:
             status=status,
             result=result,
             error=error,
-            timings=timings,
+            # Worker-side seconds only: the kernel's per-stage timings are in the result (result["timings"]).
+            timings={"queue_wait": queue_wait, "run": run_seconds},
             artifacts=progress.artifacts,
         )
     log.info("job finished", job_id=job_id, status=status, recorded=finished, run_seconds=round(run_seconds, 3))
     return status if finished else None
 
 
-def _run_kind(
+def _run(
     job_id: str,
-    kind_name: str,
+    placement: Placement,
     params: dict[str, Any],
     dataset_ids: dict[str, str],
-    device_error: Exception | None,
     progress: JobProgress,
-) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
-    """Run the claimed job's kernel: (status, result, error), where status "stopping" means this worker
-    began a warm shutdown and the job is to be handed back."""
+) -> tuple[JobStatus, dict[str, Any] | None, dict[str, Any] | None]:
+    """Run the claimed job: (status, result, error), where status ``queued`` means this worker began a warm
+    shutdown and the job is to be handed back."""
     try:
-        if device_error is not None:
-            raise device_error
+        if placement.error is not None:
+            raise placement.error
+        assert placement.kind is not None and placement.xp is not None
         if worker_stopping.is_set():  # the shutdown began between the message and the claim
             raise WorkerStopping(f"worker stopping; job {job_id} goes back to the queue")
-        kind = get_kind(kind_name)
-        spec = kind.params_model.model_validate(params)
-        data = _load_datasets(dataset_ids)
-        return "succeeded", kind.run(spec, data, progress), None
+        ctx = RunContext(placement.xp, progress, dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids))
+        return JobStatus.SUCCEEDED, run_kind(placement.kind, params, ctx), None
     except WorkerStopping:
-        return "stopping", None, None
+        return JobStatus.QUEUED, None, None
     except JobCancelled:
-        return "cancelled", None, None
+        return JobStatus.CANCELLED, None, None
     except (ValueError, ValidationError, KeyError, GPUUnavailableError) as exc:
-        return "failed", None, {"type": type(exc).__name__, "message": str(exc)}
+        return _failed(type(exc).__name__, str(exc))
     except MemoryError:
-        return "failed", None, {"type": "OutOfMemory", "message": "the job needed more memory than the worker has"}
+        return _failed("OutOfMemory", "the job needed more memory than the worker has")
     except Exception as exc:
         log.error("job raised", job_id=job_id, traceback=traceback.format_exc())
-        return "failed", None, {"type": type(exc).__name__, "message": str(exc) or "internal error in the kernel"}
+        return _failed(type(exc).__name__, str(exc) or "internal error in the kernel")
+
+
+def _failed(error_type: str, message: str) -> tuple[JobStatus, None, dict[str, Any]]:
+    # What the user sees: a stable type and a short message (the traceback goes to the log only).
+    return JobStatus.FAILED, None, {"type": error_type, "message": message}
+
+
+def dataset_loader(dataset_ids: Mapping[str, str]) -> DatasetLoader:
+    """Loads the dataset a params field names, when the runner first asks for it (``ctx.dataset(field)``)."""
+
+    def load(field: str) -> pd.DataFrame:
+        dataset_id = dataset_ids[field]
+        with session_scope() as session:
+            dataset = get_dataset(session, dataset_id)
+        if dataset is None:
+            raise ValueError(f"{field}: dataset {dataset_id} no longer exists")
+        return load_frame(dataset)
+
+    return load
 
 
 def hand_back(job_id: str, worker: str) -> bool:
@@ -172,7 +227,7 @@ def hand_back(job_id: str, worker: str) -> bool:
     if not released:
         return False
     try:
-        enqueue_job(job_id, queue=queue)
+        send(job_id, queue=queue)
     except Exception:  # the row says it is queued and when it was sent: a reaper pass re-sends it later
         log.error("could not re-send a released job", job_id=job_id, traceback=traceback.format_exc())
     return True
@@ -183,23 +238,12 @@ def pass_on(job_id: str) -> None:
     it on to the job's queue unclaimed, for the next worker, instead of claiming and releasing the job."""
     with session_scope() as session:
         job = session.get(Job, job_id)
-        if job is None or job.status != "queued":
+        if job is None or job.status != JobStatus.QUEUED:
             return  # nothing to run here: a claim would have failed too
         queue = job.queue
         job_store.mark_enqueued(session, job_id)
-    enqueue_job(job_id, queue=queue)
+    send(job_id, queue=queue)
     log.info("worker stopping: passed a job's message on unclaimed", job_id=job_id)
-
-
-def _load_datasets(dataset_ids: dict[str, str]) -> dict[str, Any]:
-    frames: dict[str, Any] = {}
-    with session_scope() as session:
-        for field, dataset_id in dataset_ids.items():
-            dataset = get_dataset(session, dataset_id)
-            if dataset is None:
-                raise ValueError(f"{field}: dataset {dataset_id} no longer exists")
-            frames[field] = load_frame(dataset)
-    return frames
 
 
 def reap_once() -> dict[str, int]:
@@ -222,10 +266,10 @@ def reap_once() -> dict[str, int]:
     for job_id, queue, outcome in outcomes:
         if outcome is None:
             continue
-        counts[outcome if outcome != "queued" else "requeued"] += 1
+        counts["requeued" if outcome == JobStatus.QUEUED else outcome.value] += 1
         log.warning("reaped job of a lost worker", job_id=job_id, outcome=outcome)
-        if outcome == "queued":
-            enqueue_job(job_id, queue=queue or settings.queue)
+        if outcome == JobStatus.QUEUED:
+            send(job_id, queue=queue or settings.queue)
     # Idle for a whole reaper interval, not just between two jobs of a backlog: a waiting message would
     # have been taken by now, so the queued jobs' messages are the lost ones.
     if _activity.idle_for() >= settings.reaper_interval_seconds:
@@ -242,7 +286,7 @@ def _resend_lost_messages(queue: str, not_sent_for: timedelta) -> int:
             # Conditional: of several idle workers on this queue, one re-sends.
             if not job_store.mark_resent(session, job_id, queue=queue, not_sent_for=not_sent_for):
                 continue
-        enqueue_job(job_id, queue=queue)
+        send(job_id, queue=queue)
         log.info("re-sent the message of a queued job", job_id=job_id, queue=queue)
         resent += 1
     return resent
@@ -277,8 +321,31 @@ def _prepare_worker(**_kwargs: Any) -> None:
     except SQLAlchemyError as exc:
         refuse_to_start(f"cannot read the database schema: {type(exc).__name__}: {str(exc).splitlines()[0]}")
     # Import every kernel module now rather than inside the first job (seconds of SciPy and pandas imports
-    # that would otherwise count as that job's run time, in stage "starting").
+    # that would otherwise count as that job's run time, in stage "starting"). Declaring a CUDA source
+    # compiles nothing, so the disk cache below is still in place before the first compile.
     registry()
+    warm_up_gpu(get_settings().data_dir / CUDA_CACHE_DIR_NAME)
+
+
+def warm_up_gpu(cache_dir: Path) -> None:
+    """On a worker that computes on a GPU: keep compiled kernels in ``cache_dir`` (before anything compiles),
+    then compile every kernel variant jobs commonly use, so the first job pays no NVRTC compile. A failed
+    warm-up is logged and the worker serves anyway: its jobs then compile on demand. Nothing runs on CPU."""
+    try:
+        xp = backend.get_namespace()
+    except (GPUUnavailableError, ValueError):
+        return  # no usable device: every job fails with the reason, there is nothing to warm
+    if backend.is_numpy(xp):
+        return
+    cuda.use_disk_cache(cache_dir)
+    started = time.perf_counter()
+    try:
+        modules = cuda.warm_up()
+    except Exception:
+        log.error("kernel warm-up failed; jobs compile their kernels on demand", traceback=traceback.format_exc())
+        return
+    log.info("kernels warmed up", modules=modules, seconds=round(time.perf_counter() - started, 3),
+             cache_dir=str(cache_dir))
 
 
 @worker_shutting_down.connect
@@ -297,4 +364,11 @@ def _start_reaper(**_kwargs: Any) -> None:
         target=_reaper_loop, args=(settings.reaper_interval_seconds, settings.worker_alive_file),
         name="gpuest-reaper", daemon=True,
     ).start()
-    log.info("worker ready", worker=WORKER_ID, device=device_label(get_namespace()), queue=settings.queue)
+    log.info("worker ready", worker=WORKER_ID, device=_default_device(), queue=settings.queue)
+
+
+def _default_device() -> str:
+    try:
+        return device_label(backend.get_namespace())
+    except (GPUUnavailableError, ValueError):
+        return "unavailable"

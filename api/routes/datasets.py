@@ -11,9 +11,9 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import OwnerDep, SessionDep, SettingsDep
 from api.pagination import LimitQuery, OffsetQuery, next_page
 from api.problems import ProblemError, field_error
-from api.routes.jobs import jobs_using_dataset
 from api.schemas import DatasetOut, DatasetPage
 from api.uploads import ReceivedFile, receive_file
+from core.settings import Settings
 from store.datasets import (
     ColumnTypeError,
     DatasetError,
@@ -24,7 +24,7 @@ from store.datasets import (
     list_datasets,
 )
 from store.db import session_scope
-from store.settings import Settings
+from store.jobs import jobs_using_dataset
 
 log = structlog.get_logger("gpuest.api")
 

@@ -8,9 +8,9 @@ from sqlalchemy import text
 
 from api.problems import ProblemError
 from api.schemas import Health, Readiness
+from core.queue import broker_reachable
 from store.db import get_engine
 from store.migrate import ensure_migrated
-from worker.dispatch import broker_reachable
 
 router = APIRouter(tags=["service"])
 

@@ -1,7 +1,12 @@
-"""/v1/jobs: create (202 + Location, Idempotency-Key), read, list, cancel, result, artifacts."""
+"""/v1/jobs: create (202 + Location, Idempotency-Key), read, list, cancel, result, artifacts.
 
-# No ``from __future__ import annotations`` here: the create route's body type is the discriminated union
-# built at app creation, a local value that FastAPI must see as an object, not as a string to resolve.
+The create body and the result are typed by the job registry: the body is the discriminated union of every
+kind's request model, the result the union of every kind's result model (documentation only: the route
+sends the stored JSON).
+"""
+
+# No ``from __future__ import annotations`` here: the create route's body type is a union built from the
+# registry below, a module value that FastAPI must see as an object, not as a string to resolve.
 
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,27 +15,40 @@ from typing import Annotated, Any
 import structlog
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi import Path as PathParam
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import OwnerDep, SessionDep, SettingsDep
+from api.deps import (
+    JobIdPath,
+    KindsDep,
+    OwnedJobDep,
+    OwnerDep,
+    SessionDep,
+    SettingsDep,
+    find_owned_job,
+    job_not_found,
+)
 from api.pagination import LimitQuery, OffsetQuery, next_page
 from api.problems import ProblemError, field_error
-from api.schemas import ArtifactOut, JobOut, JobPage, JobStatus
-from kernels.registry import JobKind
+from api.schemas import ArtifactOut, JobOut, JobPage, job_request_union, job_result_union
+from core.queue import send
+from core.status import JobStatus
+from kernels.registry import registry, result_models
 from store import jobs as job_store
 from store.artifacts import ARTIFACT_NAME_CHARS, job_artifact_dir
 from store.datasets import get_dataset
 from store.db import session_scope
 from store.models import Job
-from worker.dispatch import enqueue_job
 
 log = structlog.get_logger("gpuest.api")
 
-JobIdPath = Annotated[str, PathParam(min_length=1, max_length=64, description="job id")]
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JobRequest = job_request_union(registry())
+JobResult = job_result_union(result_models())
+
 IdempotencyKeyHeader = Annotated[
     str | None,
     Header(
@@ -42,21 +60,9 @@ IdempotencyKeyHeader = Annotated[
 NOT_FOUND_RESPONSES: dict[int | str, dict[str, Any]] = {404: {"description": "No such job for this API key"}}
 
 
-def job_not_found(job_id: str) -> ProblemError:
-    # Another owner's job answers exactly like a missing one.
-    return ProblemError(404, f"no job with id {job_id!r}", slug="job-not-found")
-
-
-def owned_job(session: Session, job_id: str, owner: str) -> Job:
-    job = job_store.get_job(session, job_id, owner)
-    if job is None:
-        raise job_not_found(job_id)
-    return job
-
-
 def job_out(job_id: str, owner: str) -> JobOut:
     with session_scope() as session:
-        return JobOut.from_row(owned_job(session, job_id, owner))
+        return JobOut.from_row(find_owned_job(session, job_id, owner))
 
 
 def check_datasets(session: Session, owner: str, dataset_ids: Mapping[str, str]) -> None:
@@ -73,156 +79,162 @@ def check_datasets(session: Session, owner: str, dataset_ids: Mapping[str, str])
         )
 
 
-def _enqueue(job: Job) -> None:
+def ring_worker_queue(job: Job) -> None:
     # The database is the truth and the broker a doorbell: if it is down the job stays queued and the
     # worker's reaper re-sends it (its row says when the send was tried), so the client still gets its 202.
     try:
-        enqueue_job(job.id, queue=job.queue)
+        send(job.id, queue=job.queue)
     except Exception:
         log.exception("could not enqueue job; it stays queued for the reaper to re-send", job_id=job.id)
 
 
-def build_router(kinds: Mapping[str, JobKind], job_request: Any) -> APIRouter:
-    router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-
-    @router.post(
-        "",
-        status_code=202,
-        response_model=JobOut,
-        summary="Submit a job",
-        responses={422: {"description": "Invalid spec: the problem's `errors` name each field"}},
+def idempotency_key_reused() -> ProblemError:
+    return ProblemError(
+        422, "this Idempotency-Key was already used for a different job spec",
+        slug="idempotency-key-reused",
+        errors=[field_error("Idempotency-Key", "already used with another spec", type_="idempotency_key_reused",
+                            location="header")],
     )
-    def create_job(
-        body: job_request,  # type: ignore[valid-type]
-        request: Request,
-        response: Response,
-        owner: OwnerDep,
-        session: SessionDep,
-        settings: SettingsDep,
-        idempotency_key: IdempotencyKeyHeader = None,
-    ) -> JobOut:
-        """Validate the spec against its kind, store the job as `queued` and ring the worker queue."""
-        kind = kinds[body.kind]
-        params: BaseModel = body.params
-        dataset_ids = kind.dataset_ids(params)
-        check_datasets(session, owner, dataset_ids)
-        stored_params = params.model_dump(mode="json")
-        job, created = job_store.create_job(
-            session, owner=owner, kind=kind.name, params=stored_params, dataset_ids=dataset_ids,
-            idempotency_key=idempotency_key, queue=settings.queue,
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobOut,
+    summary="Submit a job",
+    responses={422: {"description": "Invalid spec: the problem's `errors` name each field"}},
+)
+def create_job(
+    body: JobRequest,  # type: ignore[valid-type]
+    response: Response,
+    kinds: KindsDep,
+    owner: OwnerDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> JobOut:
+    """Validate the spec against its kind, store the job as `queued` and ring the worker queue."""
+    kind = kinds[body.kind]
+    params: BaseModel = body.params
+    dataset_ids = kind.dataset_ids(params)
+    check_datasets(session, owner, dataset_ids)
+    stored_params = params.model_dump(mode="json")
+    job, created = job_store.create_job(
+        session, owner=owner, kind=kind.name, params=stored_params, dataset_ids=dataset_ids,
+        idempotency_key=idempotency_key, queue=settings.queue,
+    )
+    if not created and (job.kind != kind.name or job.params != stored_params):
+        raise idempotency_key_reused()
+    if not created and job.status == JobStatus.QUEUED:
+        # A retried POST re-rings the doorbell (the first message may be what got lost); the new send time
+        # keeps the reaper from sending yet another.
+        job_store.mark_enqueued(session, job.id)
+    session.commit()
+    if job.status == JobStatus.QUEUED:
+        ring_worker_queue(job)
+    if created:
+        log.info("job created", job_id=job.id, kind=job.kind, owner=owner)
+    else:
+        response.headers["Idempotent-Replayed"] = "true"
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return JobOut.from_row(job)
+
+
+@router.get("", response_model=JobPage, summary="List jobs")
+def list_jobs(
+    request: Request,
+    owner: OwnerDep,
+    session: SessionDep,
+    kind: Annotated[str | None, Query(max_length=64, description="only this job kind")] = None,
+    status: Annotated[JobStatus | None, Query(description="only this status")] = None,
+    limit: LimitQuery = 50,
+    offset: OffsetQuery = 0,
+) -> JobPage:
+    """The caller's jobs, newest first."""
+    rows, total = job_store.list_jobs(session, owner=owner, kind=kind, status=status, limit=limit, offset=offset)
+    return JobPage(
+        items=[JobOut.from_row(job) for job in rows], total=total, limit=limit, offset=offset,
+        next=next_page(request, limit=limit, offset=offset, returned=len(rows), total=total),
+    )
+
+
+@router.get("/{job_id}", response_model=JobOut, responses=NOT_FOUND_RESPONSES, summary="Get a job")
+async def get_job(job_id: JobIdPath, owner: OwnerDep) -> JobOut:
+    # The status poll, the most frequent request: session, query and serialisation in one worker-thread
+    # hop (a sync route with a session dependency takes three).
+    return await run_in_threadpool(job_out, job_id, owner)
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobOut,
+    responses={**NOT_FOUND_RESPONSES, 202: {"description": "Running: the worker stops at its next checkpoint"},
+               409: {"description": "The job already finished"}},
+    summary="Cancel a job",
+)
+def cancel_job(job_id: JobIdPath, owner: OwnerDep, session: SessionDep, response: Response) -> JobOut:
+    """A queued job is cancelled at once and never runs; a running one is flagged and the worker stops
+    it at its next progress checkpoint (202)."""
+    job = job_store.request_cancel(session, job_id, owner)
+    if job is None:
+        raise job_not_found(job_id)
+    session.commit()
+    if job.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        raise ProblemError(409, f"job {job_id} already {job.status}; there is nothing to cancel",
+                           slug="job-finished", extensions={"job_status": job.status})
+    if job.status == JobStatus.RUNNING:
+        response.status_code = 202
+    log.info("job cancel requested", job_id=job_id, status=job.status)
+    return JobOut.from_row(job)
+
+
+@router.get(
+    "/{job_id}/result",
+    response_model=JobResult,
+    responses={**NOT_FOUND_RESPONSES, 409: {"description": "The job has not succeeded (yet)"}},
+    summary="Get a job's result",
+)
+def get_result(job: OwnedJobDep) -> JSONResponse:
+    """The result object of a succeeded job: its kind's result model (see the schemas)."""
+    if job.status != JobStatus.SUCCEEDED:
+        detail = f"job {job.id} is {job.status}; a result exists only once it has succeeded"
+        if job.status == JobStatus.FAILED and job.error:
+            detail += f" (error: {job.error.get('type')}: {job.error.get('message')})"
+        raise ProblemError(409, detail, slug="result-not-ready", extensions={"job_status": job.status})
+    # The stored JSON as it is: the union above documents it, but validating against it could pick another
+    # kind's model and drop fields.
+    return JSONResponse(dict(job.result or {}))
+
+
+@router.get(
+    "/{job_id}/artifacts", response_model=list[ArtifactOut], responses=NOT_FOUND_RESPONSES,
+    summary="List a job's artifacts",
+)
+def list_artifacts(job: OwnedJobDep) -> list[ArtifactOut]:
+    return [
+        ArtifactOut(
+            name=name, file=str(reference.get("file", "")), media_type=str(reference.get("media_type", "")),
+            bytes=int(reference.get("bytes", 0)), href=f"/v1/jobs/{job.id}/artifacts/{name}",
         )
-        if not created and (job.kind != kind.name or job.params != stored_params):
-            raise ProblemError(
-                422, "this Idempotency-Key was already used for a different job spec",
-                slug="idempotency-key-reused",
-                errors=[field_error("Idempotency-Key", "already used with another spec", type_="idempotency_key_reused",
-                                    location="header")],
-            )
-        if not created and job.status == "queued":
-            # A retried POST re-rings the doorbell (the first message may be what got lost); the new send time
-            # keeps the reaper from sending yet another.
-            job_store.mark_enqueued(session, job.id)
-        session.commit()
-        if job.status == "queued":
-            _enqueue(job)
-        if created:
-            log.info("job created", job_id=job.id, kind=job.kind, owner=owner)
-        else:
-            response.headers["Idempotent-Replayed"] = "true"
-        response.headers["Location"] = f"/v1/jobs/{job.id}"
-        return JobOut.from_row(job)
+        for name, reference in sorted((job.artifacts or {}).items())
+    ]
 
-    @router.get("", response_model=JobPage, summary="List jobs")
-    def list_jobs(
-        request: Request,
-        owner: OwnerDep,
-        session: SessionDep,
-        kind: Annotated[str | None, Query(max_length=64, description="only this job kind")] = None,
-        status: Annotated[JobStatus | None, Query(description="only this status")] = None,
-        limit: LimitQuery = 50,
-        offset: OffsetQuery = 0,
-    ) -> JobPage:
-        """The caller's jobs, newest first."""
-        rows, total = job_store.list_jobs(session, owner=owner, kind=kind, status=status, limit=limit, offset=offset)
-        return JobPage(
-            items=[JobOut.from_row(job) for job in rows], total=total, limit=limit, offset=offset,
-            next=next_page(request, limit=limit, offset=offset, returned=len(rows), total=total),
-        )
 
-    @router.get("/{job_id}", response_model=JobOut, responses=NOT_FOUND_RESPONSES, summary="Get a job")
-    async def get_job(job_id: JobIdPath, owner: OwnerDep) -> JobOut:
-        # The status poll, the most frequent request: session, query and serialisation in one worker-thread
-        # hop (a sync route with a session dependency takes three).
-        return await run_in_threadpool(job_out, job_id, owner)
-
-    @router.post(
-        "/{job_id}/cancel",
-        response_model=JobOut,
-        responses={**NOT_FOUND_RESPONSES, 202: {"description": "Running: the worker stops at its next checkpoint"},
-                   409: {"description": "The job already finished"}},
-        summary="Cancel a job",
-    )
-    def cancel_job(job_id: JobIdPath, owner: OwnerDep, session: SessionDep, response: Response) -> JobOut:
-        """A queued job is cancelled at once and never runs; a running one is flagged and the worker stops
-        it at its next progress checkpoint (202)."""
-        job = job_store.request_cancel(session, job_id, owner)
-        if job is None:
-            raise job_not_found(job_id)
-        session.commit()
-        if job.status in ("succeeded", "failed"):
-            raise ProblemError(409, f"job {job_id} already {job.status}; there is nothing to cancel",
-                               slug="job-finished", extensions={"job_status": job.status})
-        if job.status == "running":
-            response.status_code = 202
-        log.info("job cancel requested", job_id=job_id, status=job.status)
-        return JobOut.from_row(job)
-
-    @router.get(
-        "/{job_id}/result",
-        response_model=dict[str, Any],
-        responses={**NOT_FOUND_RESPONSES, 409: {"description": "The job has not succeeded (yet)"}},
-        summary="Get a job's result",
-    )
-    def get_result(job_id: JobIdPath, owner: OwnerDep, session: SessionDep) -> dict[str, Any]:
-        job = owned_job(session, job_id, owner)
-        if job.status != "succeeded":
-            detail = f"job {job_id} is {job.status}; a result exists only once it has succeeded"
-            if job.status == "failed" and job.error:
-                detail += f" (error: {job.error.get('type')}: {job.error.get('message')})"
-            raise ProblemError(409, detail, slug="result-not-ready", extensions={"job_status": job.status})
-        return dict(job.result or {})
-
-    @router.get(
-        "/{job_id}/artifacts", response_model=list[ArtifactOut], responses=NOT_FOUND_RESPONSES,
-        summary="List a job's artifacts",
-    )
-    def list_artifacts(job_id: JobIdPath, owner: OwnerDep, session: SessionDep) -> list[ArtifactOut]:
-        job = owned_job(session, job_id, owner)
-        return [
-            ArtifactOut(
-                name=name, file=str(reference.get("file", "")), media_type=str(reference.get("media_type", "")),
-                bytes=int(reference.get("bytes", 0)), href=f"/v1/jobs/{job.id}/artifacts/{name}",
-            )
-            for name, reference in sorted((job.artifacts or {}).items())
-        ]
-
-    @router.get(
-        "/{job_id}/artifacts/{name}",
-        response_class=FileResponse,
-        responses={**NOT_FOUND_RESPONSES, 200: {"content": {"application/octet-stream": {}}}},
-        summary="Download one artifact",
-    )
-    def download_artifact(
-        job_id: JobIdPath,
-        name: Annotated[str, PathParam(min_length=1, max_length=200)],
-        owner: OwnerDep,
-        session: SessionDep,
-    ) -> FileResponse:
-        job = owned_job(session, job_id, owner)
-        path, media_type = artifact_file(job, name)
-        return FileResponse(path, media_type=media_type, filename=path.name)
-
-    return router
+@router.get(
+    "/{job_id}/artifacts/{name}",
+    response_class=FileResponse,
+    responses={**NOT_FOUND_RESPONSES, 200: {"content": {"application/octet-stream": {}}}},
+    summary="Download one artifact",
+)
+def download_artifact(
+    job_id: JobIdPath,
+    name: Annotated[str, PathParam(min_length=1, max_length=200)],
+    owner: OwnerDep,
+    session: SessionDep,
+) -> FileResponse:
+    # The job by id here, not OwnedJobDep: the path's parameters keep their order (job_id, name) in OpenAPI.
+    path, media_type = artifact_file(find_owned_job(session, job_id, owner), name)
+    return FileResponse(path, media_type=media_type, filename=path.name)
 
 
 def _safe_name(name: str) -> bool:
@@ -240,11 +252,3 @@ def artifact_file(job: Job, name: str) -> tuple[Path, str]:
     if not path.is_relative_to(directory) or not path.is_file():
         raise missing
     return path, str(reference.get("media_type") or "application/octet-stream")
-
-
-def jobs_using_dataset(session: Session, owner: str, dataset_id: str) -> list[str]:
-    """Ids of the owner's queued or running jobs that read ``dataset_id``."""
-    rows = session.execute(
-        select(Job.id, Job.dataset_ids).where(Job.owner == owner, Job.status.in_(("queued", "running")))
-    ).all()
-    return [job_id for job_id, ids in rows if dataset_id in (ids or {}).values()]

@@ -7,14 +7,16 @@ t statistic (critical values of t(G-1), as Stata, fixest and pyfixest do, or of 
 cluster restricted (WCR) bootstrap-t of its own B draws.
 
 Random numbers: every normal is ``kernels.rng.normal(seed, stream, index)`` at a fixed address, so a
-chunked run equals a single run and the GPU kernel (``kernels.crve.gpu.cgm_cluster_statistics_gpu``) draws
-exactly these numbers in registers without storing them. Addresses, for replication r, cluster g,
-observation n = g m + i and regressor j in [0, k - 1):
-    stream 1  e_gj (cluster part of x)       index (r G + g)(k - 1) + j
-    stream 2  u_g                            index r G + g
-    stream 3  e_igj (individual part of x)   index (r N + n)(k - 1) + j
-    stream 4  u_ig                           index r N + n
-    stream 5  bootstrap weights              see ``kernels.crve.weights`` (replication r is its own block)
+chunked run equals a single run and the GPU kernel (``montecarlo.cu``, launched by
+:func:`cgm_cluster_statistics_gpu`) draws exactly these numbers in registers without storing them.
+Addresses, for replication r, cluster g, observation n = g m + i and regressor j in [0, k - 1) (streams of
+``kernels.rng.STREAMS``):
+    CRVE_MC_X_CLUSTER (1)     e_gj (cluster part of x)       index (r G + g)(k - 1) + j
+    CRVE_MC_U_CLUSTER (2)     u_g                            index r G + g
+    CRVE_MC_X_INDIVIDUAL (3)  e_igj (individual part of x)   index (r N + n)(k - 1) + j
+    CRVE_MC_U_INDIVIDUAL (4)  u_ig                           index r N + n
+    CRVE_WEIGHTS (5)          bootstrap weights              index (r B + b) G + g (replication r its own block)
+See docs/crve.md.
 """
 
 from __future__ import annotations
@@ -28,17 +30,27 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from kernels import rng
-from kernels.crve.bootstrap import p_values_from
+from kernels import cuda, rng
+from kernels.backend import is_numpy, to_host
+from kernels.crve.inference import p_values_from
 from kernels.crve.ols import ols_crv1, small_sample_factor
-from kernels.crve.weights import enumerated_weights, use_enumeration, weights_at
+from kernels.crve.weights import enumerated_weights, use_enumeration, weights_at, weights_gpu
+from kernels.timing import StageTimer
 
-STREAM_X_CLUSTER = 1
-STREAM_U_CLUSTER = 2
-STREAM_X_INDIVIDUAL = 3
-STREAM_U_INDIVIDUAL = 4
+STREAM_X_CLUSTER = rng.STREAMS["CRVE_MC_X_CLUSTER"]
+STREAM_U_CLUSTER = rng.STREAMS["CRVE_MC_U_CLUSTER"]
+STREAM_X_INDIVIDUAL = rng.STREAMS["CRVE_MC_X_INDIVIDUAL"]
+STREAM_U_INDIVIDUAL = rng.STREAMS["CRVE_MC_U_INDIVIDUAL"]
 TRUE_COEFFICIENT = 1.0
 LEVELS = (0.01, 0.05, 0.10)
+_WARP_BLOCK = 128  # threads per block of cgm_cluster_stats: 4 warps, one per (replication, cluster)
+
+# Compiled per K = n_regressors (2..32). The warm-up compiles K = 2..8: the kind's example has 3, the
+# benchmarks and the paper's Figure 4 use 8, and designs of a few regressors are the common ones; a larger K
+# compiles at its first job.
+_SOURCE = cuda.kernel_source(
+    __file__, "montecarlo.cu", headers=[cuda.PHILOX_HEADER], warm_up=[{"K": k} for k in range(2, 9)]
+)
 
 
 @dataclass(frozen=True)
@@ -145,7 +157,7 @@ def wcr_bootstrap_block(
         v = replication_weights(xp, weights_type, seed, g_count, n_draws, first_replication, n_rep)
     numer = xp.einsum("rg,rgb->rb", c, v)
     d = c[:, :, None] * v - xp.einsum("rgk,rkb->rgb", w, xp.einsum("rgk,rgb->rkb", s_g, v))
-    with _ignore_division(xp):
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero-variance draw: t* inf or NaN
         t_boot = numer / xp.sqrt(factor * (d * d).sum(axis=1))
     p_value = p_values_from(xp, t_boot, t_stat[:, None])["two-tailed"]
     return ReplicationStats(estimate, se, t_stat, p_value)
@@ -155,9 +167,7 @@ def replication_weights(
     xp: ModuleType, weights_type: str, seed: int, g_count: int, n_draws: int, first: int, count: int
 ) -> Any:
     """Weights (R, G, B) of replications first..first+count-1: draw b of replication r at (r B + b) G + g."""
-    if xp is not np:
-        from kernels.crve.gpu import weights_gpu
-
+    if not is_numpy(xp):
         return weights_gpu(
             xp, weights_type, seed, g_count, 0, n_draws,
             first_replication=first, n_replications=count, draws_per_replication=n_draws,
@@ -170,22 +180,33 @@ def replication_weights(
 
 def cluster_statistics(xp: ModuleType, design: Design, first: int, count: int) -> tuple[Any, Any]:
     """X_g'X_g, X_g'y_g of a block: generated in registers on the GPU, through ``cgm_data`` on NumPy."""
-    if xp is not np:
-        from kernels.crve.gpu import cgm_cluster_statistics_gpu
-
+    if not is_numpy(xp):
         return cgm_cluster_statistics_gpu(
             xp, design.seed, design.n_clusters, design.cluster_size, design.n_regressors, first, count
         )
     return cluster_statistics_numpy(xp, design, first, count)
 
 
+def cgm_cluster_statistics_gpu(
+    cupy: ModuleType, seed: int, n_clusters: int, cluster_size: int, n_regressors: int, first: int, count: int
+) -> tuple[Any, Any]:
+    """X_g'X_g (R, G, k, k) and X_g'y_g (R, G, k) of replications first..first+count-1, the data made in
+    registers by ``cgm_cluster_stats`` (twin: :func:`cluster_statistics_numpy`)."""
+    k = n_regressors
+    xtx = cupy.empty((count, n_clusters, k, k), dtype=cupy.float64)
+    xty = cupy.empty((count, n_clusters, k), dtype=cupy.float64)
+    warps = count * n_clusters
+    blocks = (warps * 32 + _WARP_BLOCK - 1) // _WARP_BLOCK
+    cuda.function(_SOURCE, "cgm_cluster_stats", {"K": k})(
+        (blocks,), (_WARP_BLOCK,),
+        (np.uint64(seed), np.int64(first), np.int64(count), np.int64(n_clusters), np.int64(cluster_size), xtx, xty),
+    )  # fmt: skip
+    return xtx, xty
+
+
 def bootstrap_draws(weights_type: str, n_clusters: int, reps: int) -> int:
     """Draws per replication: B, or 2^G under full enumeration."""
     return 2**n_clusters if use_enumeration(weights_type, n_clusters, reps) else reps
-
-
-def _ignore_division(xp: ModuleType) -> Any:
-    return np.errstate(divide="ignore", invalid="ignore")
 
 
 def critical_values(critical: str, n_clusters: int) -> dict[float, float]:
@@ -217,15 +238,15 @@ class _Accumulator:
         self.shift = None  # the first block's mean, subtracted for a stable variance
 
     def add(self, xp: ModuleType, block: ReplicationStats, crit: dict[float, float] | None) -> None:
-        estimate = np.asarray(_host(block.estimate))
-        se = np.asarray(_host(block.se))
+        estimate = to_host(block.estimate)
+        se = to_host(block.se)
         if self.shift is None:
             self.shift = float(estimate.mean())
         for level in LEVELS:
             if block.p_bootstrap is not None:
-                rejected = np.asarray(_host(block.p_bootstrap)) < level
+                rejected = to_host(block.p_bootstrap) < level
             else:
-                rejected = np.abs(np.asarray(_host(block.t_stat))) > crit[level]
+                rejected = np.abs(to_host(block.t_stat)) > crit[level]
             self.rejections[level] += int(rejected.sum())
         centred = estimate - self.shift
         self.count += estimate.size
@@ -248,11 +269,6 @@ class _Accumulator:
             mean_se=self.sum_se / r,
             critical_values=crit,
         )
-
-
-def _host(array: Any) -> Any:
-    get = getattr(array, "get", None)
-    return get() if callable(get) else array
 
 
 BlockFunction = Callable[[int, int], ReplicationStats]
@@ -294,7 +310,7 @@ def simulate(
     bootstrap_reps: int | None,
     weights_type: str,
     report: Callable[[float, str], None],
-    timer: Any,
+    timer: StageTimer,
     numpy_block_elements: int = 8_000_000,
     gpu_block_elements: int = 125_000_000,
 ) -> tuple[MonteCarloSummary, int]:
@@ -319,7 +335,7 @@ def simulate(
         with timer.stage("crv1"):
             return crv1_block(xp, xtx_g, xty_g, design.n_obs, test_coefficient, ssc)
 
-    if xp is not np:
+    if not is_numpy(xp):
         k = design.n_regressors
         per_replication = design.n_clusters * (k * k + k + 3 * draws)
         block = max(1, gpu_block_elements // per_replication)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from kernels.backend import is_numpy
+
 
 def small_sample_factor(n_obs: int, n_clusters: int, n_params: int, ssc: bool) -> float:
     """CRV1's G/(G-1) * (N-1)/(N-k) (Stata, fixest, pyfixest, wildboottest), or 1 with ``ssc=False``."""
@@ -28,7 +30,7 @@ def cluster_sums(xp: ModuleType, values: Any, codes: Any, n_groups: int) -> Any:
     """
     flat = values.reshape(values.shape[0], -1)
     out = xp.zeros((n_groups, flat.shape[1]), dtype=flat.dtype)
-    if xp.__name__ == "numpy":
+    if is_numpy(xp):
         # np.add.at is slow; a bincount per column is a fast single pass in C.
         for column in range(flat.shape[1]):
             out[:, column] = xp.bincount(codes, weights=flat[:, column], minlength=n_groups)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from kernels.spec import JobParams, ResultModel
+from kernels.spec import JobParams, ResultModel, ResultPart
 
 DEFAULT_SEED = 20_190_101
 WeightsType = Literal["rademacher", "webb", "mammen", "norm"]
@@ -125,8 +125,6 @@ class MonteCarloResult(ResultModel):
     se_ratio: float | None = Field(description="mean_se / sd_estimate (1 = unbiased standard errors)")
     bootstrap_reps: int | None = None
     weights_type: str | None = None
-    device: str
-    timings: dict[str, float]
 
 
 class SyntheticDataset(JobParams):
@@ -227,7 +225,9 @@ class BootstrapParams(JobParams):
         return self
 
 
-class CoefficientRow(ResultModel):
+class CoefficientRow(ResultPart):
+    """One row of the coefficient table."""
+
     name: str
     estimate: float
     se: float
@@ -268,5 +268,3 @@ class BootstrapResult(ResultModel):
     fixed_effect: dict[str, Any] | None
     coefficients: list[CoefficientRow]
     bootstrap_t: dict[str, Any] = Field(description="quantiles, mean and sd of the bootstrap t statistics")
-    device: str
-    timings: dict[str, float]

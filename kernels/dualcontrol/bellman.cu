@@ -1,13 +1,17 @@
 // Fused dual-control Bellman kernels: one thread per grid point, V gathered through the read-only cache.
-// The host prepends `typedef double real;` (or float). Arithmetic mirrors bellman.py / minimize.py /
-// grid.py / model.py line for line so that the NumPy twin agrees to rounding.
+// Arithmetic mirrors bellman.py / minimize.py / grid.py / model.py line for line so that the NumPy twin
+// agrees to rounding (the model and the algorithms: docs/dualcontrol.md).
+//
+// Defines (set by bellman.py through kernels/cuda.py, see kernel_defines there):
+//   REAL                  double or float: the precision of every array and of the arithmetic;
+//   INVERSE_GOLDEN_RATIO  (sqrt(5) - 1) / 2, minimize.py's constant, so both twins use one literal.
 //
 // params layout (see CudaBellman.__init__):
 //   0 alpha, 1 gamma, 2 sigma_eps^2, 3 delta, 4 omega, 5 xbar, 6 ubar, 7 A, 8 B, 9 C (inert V0 = A x^2 + B x + C),
 //   10 omega*ubar, 11 omega*ubar^2, then per axis (x, mu, Sigma) 7 numbers:
 //   lo, hi, centre, stretch = sinh(c)/R, concentration c, z_lo, 1/dz.
 
-#define INVERSE_GOLDEN_RATIO 0.6180339887498949
+typedef REAL real;
 
 struct Axis {
     real lo, hi, centre, stretch, conc, z_lo, inv_dz;

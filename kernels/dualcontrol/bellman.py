@@ -3,31 +3,39 @@
 ``Q(u; S, V) = L(S, u) + delta E[V(x', mu', Sigma')]`` where, given S = (x, mu, Sigma) and control u,
 ``x' ~ N(alpha + mu u + gamma x, u^2 Sigma + sigma_eps^2)`` (a Gauss-Hermite sum over x') and the beliefs
 are Bayes-updated at each node: ``Sigma' = 1 / (1/Sigma + u^2/sigma_eps^2)``,
-``mu' = Sigma' (mu/Sigma + u y / sigma_eps^2)`` with ``y = x' - alpha - gamma x`` (DESIGN.md). V between
-nodes is the trilinear interpolant, constant beyond the cuboid.
+``mu' = Sigma' (mu/Sigma + u y / sigma_eps^2)`` with ``y = x' - alpha - gamma x`` (docs/dualcontrol.md). V
+between nodes is the trilinear interpolant, constant beyond the cuboid.
 
 Two implementations of one interface (``evaluate``: apply a fixed policy; ``improve``: minimise over u):
 ``ArrayBellman`` is written against the array namespace (NumPy, or CuPy as a slow reference), and
 ``CudaBellman`` runs the same arithmetic, one thread per grid point, in a fused CUDA kernel
-(bellman.cu) with the whole minimisation in registers, so that no (points x nodes) temporaries touch memory.
+(bellman.cu, compiled by :mod:`kernels.cuda` with the real type and the golden-section constant as defines)
+with the whole minimisation in registers, so that no (points x nodes) temporaries touch memory.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
+from kernels import cuda
+from kernels.backend import is_numpy
 from kernels.dualcontrol.grid import StateGrid, interpolate
-from kernels.dualcontrol.minimize import golden_section_minimise
+from kernels.dualcontrol.minimize import INVERSE_GOLDEN_RATIO, golden_section_minimise
 from kernels.dualcontrol.model import ModelParams, inert_bounds, inert_value, myopic_policy
 from kernels.dualcontrol.quadrature import normal_quadrature
 
-_CUDA_SOURCE = Path(__file__).with_name("bellman.cu")
+
+def kernel_defines(dtype: Any) -> dict[str, cuda.DefineValue]:
+    """The defines bellman.cu is compiled with for arrays of ``dtype`` (float64 or float32)."""
+    return {**cuda.real_define(dtype), "INVERSE_GOLDEN_RATIO": INVERSE_GOLDEN_RATIO}
+
+
+# Both precisions the job kind offers (``precision``: float64, float32) are compiled at worker start.
+_SOURCE = cuda.kernel_source(__file__, "bellman.cu", warm_up=[kernel_defines(np.float64), kernel_defines(np.float32)])
 
 
 @dataclass(frozen=True)
@@ -137,14 +145,6 @@ class ArrayBellman:
         return q, u
 
 
-@functools.cache
-def _cuda_module(type_name: str) -> Any:
-    import cupy  # optional dependency, imported only on a GPU
-
-    source = f"typedef {type_name} real;\n" + _CUDA_SOURCE.read_text()
-    return cupy.RawModule(code=source, options=("-std=c++17",), name_expressions=None)
-
-
 class CudaBellman(ArrayBellman):
     """The fused CUDA kernels; inherits the array set-up and keeps :meth:`q_values` as the reference."""
 
@@ -160,10 +160,9 @@ class CudaBellman(ArrayBellman):
         for axis in self.grid.axes:
             params.extend(axis.device_params())
         self.params = xp.asarray(np.asarray(params, dtype=self.dtype))
-        type_name = "double" if self.dtype == np.float64 else "float"
-        module = _cuda_module(type_name)
-        self._evaluate = module.get_function("dc_evaluate")
-        self._improve = module.get_function("dc_improve")
+        defines = kernel_defines(self.dtype)
+        self._evaluate = cuda.function(_SOURCE, "dc_evaluate", defines)
+        self._improve = cuda.function(_SOURCE, "dc_improve", defines)
         self.n_points = int(np.prod(self.grid.shape))
 
     def _common_args(self) -> tuple[Any, ...]:
@@ -221,6 +220,6 @@ def make_operator(
     fused: bool | None = None,
 ) -> BellmanOperator:
     """The CUDA kernels on a GPU namespace (unless ``fused=False``), the array twin otherwise."""
-    use_cuda = (xp is not np) if fused is None else fused
+    use_cuda = not is_numpy(xp) if fused is None else fused
     cls = CudaBellman if use_cuda else ArrayBellman
     return cls(model, grid, quadrature_nodes, xp, dtype, minimiser)

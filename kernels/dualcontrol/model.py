@@ -38,7 +38,7 @@ class ModelParams:
         return self.sigma_eps * self.sigma_eps
 
     def inert_coefficients(self) -> tuple[float, float, float]:
-        """(A, B, C) of the inert (u = 0) cost-to-go ``V0(x) = A x^2 + B x + C`` (DESIGN.md).
+        """(A, B, C) of the inert (u = 0) cost-to-go ``V0(x) = A x^2 + B x + C`` (docs/dualcontrol.md).
 
         Derivation: with u = 0 beliefs never move and ``x' = alpha + gamma x + eps``; matching the x^2, x
         and constant terms of ``V0(x) = (alpha + gamma x - xbar)^2 + sigma_eps^2 + omega ubar^2 +

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from kernels.backend import synchronize, to_numpy
+from kernels.backend import synchronize, to_host
 from kernels.dualcontrol.bellman import BellmanOperator, MinimiserSettings, make_operator
 from kernels.dualcontrol.grid import StateGrid, interpolate
 from kernels.dualcontrol.model import ModelParams, myopic_policy
@@ -108,7 +108,7 @@ class _Tracker:
     def measure(self, new: Any, old: Any) -> dict[str, float]:
         xp = self.xp
         d = new - old
-        lo, hi, scale = (float(v) for v in to_numpy(xp.stack([d.min(), d.max(), xp.abs(new).max()])))
+        lo, hi, scale = (float(v) for v in to_host(xp.stack([d.min(), d.max(), xp.abs(new).max()])))
         scale = max(scale, np.finfo(np.float64).tiny)
         width = self.k * (hi - lo) if self.criterion == "macqueen_porteus" else self.k * max(abs(lo), abs(hi))
         return {"criterion": width / scale, "mqp_lower": self.k * lo, "mqp_upper": self.k * hi}

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from kernels.spec import JobParams, ResultModel
+from kernels.spec import JobParams, ResultModel, ResultPart
 
 DEFAULT_TOLERANCE = {"inert": 1e-6, "myopic": 1e-6, "optimal": 1e-4}
 MAX_GRID_POINTS = 1 << 26  # 4 x 256^3: about 0.5 GB per float64 array, a few arrays live at once
@@ -127,7 +127,7 @@ class DualControlParams(JobParams):
         return self.tolerance if self.tolerance is not None else DEFAULT_TOLERANCE[self.policy]
 
 
-class StateReport(ResultModel):
+class StateReport(ResultPart):
     state: list[float]
     value: float = Field(description="cost-to-go of the solved policy")
     control: float
@@ -135,7 +135,7 @@ class StateReport(ResultModel):
     myopic_control: float | None = None
 
 
-class LevelReport(ResultModel):
+class LevelReport(ResultPart):
     grid: list[int]
     iterations: int
     evaluation_sweeps: int
@@ -162,5 +162,3 @@ class DualControlResult(ResultModel):
     )
     myopic_iterations: int | None = None
     artifacts: list[str]
-    device: str
-    timings: dict[str, float]

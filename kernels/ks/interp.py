@@ -1,6 +1,8 @@
 """Two-dimensional interpolation of a policy table k'(k, K) at scattered points, NumPy/CuPy and CUDA twins.
 
 Tables have shape (planes, k_size, K_size) (K fastest); each point names its plane (the (a, eps) pair).
+The CUDA twin of :func:`interpolate` (one point per call, the same operation order) is ``ks_interpolate`` in
+``kernels/ks/interp.cuh``, the header the policy and panel kernels share.
 
 * ``bilinear``: linear in physical k and K inside the cell that holds the point (the cell is found through
   the grid coordinate, so no search is needed on the polynomial k grid).
@@ -97,76 +99,3 @@ def interpolate(
         result = term if result is None else result + term
     return result
 
-
-# CUDA twin of ``interpolate`` for one point; ``ks_real`` is typedef'd by the including source (double or
-# float). Same operation order as the array code above.
-INTERP_CUDA_SOURCE = r"""
-__device__ __forceinline__ void ks_catrom_weights(ks_real a, ks_real* w) {
-    w[0] = a * ((ks_real)-0.5 + a * ((ks_real)1.0 - (ks_real)0.5 * a));
-    w[1] = (ks_real)1.0 + a * a * ((ks_real)-2.5 + (ks_real)1.5 * a);
-    w[2] = a * ((ks_real)0.5 + a * ((ks_real)2.0 - (ks_real)1.5 * a));
-    w[3] = a * a * ((ks_real)-0.5 + (ks_real)0.5 * a);
-}
-
-__device__ __forceinline__ ks_real ks_clip(ks_real x, ks_real lo, ks_real hi) {
-    return x < lo ? lo : (x > hi ? hi : x);
-}
-
-__device__ __forceinline__ int ks_cell(ks_real s, int size, ks_real* frac) {
-    ks_real c = floor(s);
-    c = c < (ks_real)0 ? (ks_real)0 : (c > (ks_real)(size - 2) ? (ks_real)(size - 2) : c);
-    *frac = s - c;
-    return (int)c;
-}
-
-struct ks_grid_params {
-    int nk, nK;
-    ks_real k_min, k_max, inv_power, K_min, K_max;
-};
-
-__device__ __forceinline__ ks_real ks_k_coordinate(const ks_grid_params& g, ks_real k) {
-    ks_real unit = ks_clip((k - g.k_min) / (g.k_max - g.k_min), (ks_real)0, (ks_real)1);
-    return pow(unit, g.inv_power) * (ks_real)(g.nk - 1);
-}
-
-__device__ __forceinline__ ks_real ks_K_coordinate(const ks_grid_params& g, ks_real K) {
-    ks_real unit = ks_clip((K - g.K_min) / (g.K_max - g.K_min), (ks_real)0, (ks_real)1);
-    return unit * (ks_real)(g.nK - 1);
-}
-
-// method 0: bilinear (linear in physical k, K); method 1: Catmull-Rom in grid coordinates.
-__device__ __forceinline__ ks_real ks_interpolate(
-        const ks_real* __restrict__ table, const ks_real* __restrict__ k_nodes, int plane,
-        ks_real k, ks_real K, const ks_grid_params& g, int method) {
-    const int nk = g.nk, nK = g.nK;
-    const long long base = (long long)plane * nk * nK;
-    ks_real f_k, f_K;
-    int i = ks_cell(ks_k_coordinate(g, k), nk, &f_k);
-    int j = ks_cell(ks_K_coordinate(g, K), nK, &f_K);
-    if (method == 0) {
-        ks_real k_low = k_nodes[i], k_high = k_nodes[i + 1];
-        ks_real w_k = (ks_clip(k, g.k_min, g.k_max) - k_low) / (k_high - k_low);
-        long long row = base + (long long)i * nK + j;
-        ks_real low = ((ks_real)1.0 - f_K) * table[row] + f_K * table[row + 1];
-        ks_real high = ((ks_real)1.0 - f_K) * table[row + nK] + f_K * table[row + nK + 1];
-        return ((ks_real)1.0 - w_k) * low + w_k * high;
-    }
-    ks_real w_k[4], w_K[4];
-    ks_catrom_weights(f_k, w_k);
-    ks_catrom_weights(f_K, w_K);
-    ks_real result = (ks_real)0;
-    #pragma unroll
-    for (int di = 0; di < 4; ++di) {
-        int ii = min(max(i + di - 1, 0), nk - 1);
-        long long row_base = base + (long long)ii * nK;
-        ks_real filtered = (ks_real)0;
-        #pragma unroll
-        for (int dj = 0; dj < 4; ++dj) {
-            int jj = min(max(j + dj - 1, 0), nK - 1);
-            filtered += table[row_base + jj] * w_K[dj];
-        }
-        result += filtered * w_k[di];
-    }
-    return result;
-}
-"""

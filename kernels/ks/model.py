@@ -3,7 +3,8 @@
 Conventions: aggregate state a in {0: bad, 1: good} with productivity 1 -/+ Delta_a; idiosyncratic state
 eps in {0: unemployed, 1: employed}. The 4 x 4 transition matrix has rows and columns ordered
 (bad, u), (bad, e), (good, u), (good, e), i.e. index 2 a + eps. Labour input is l_bar (1 - u_a) (= 1 in the
-bad state), the tax is tau_a = mu u_a / (l_bar (1 - u_a)), the unemployed receive mu w.
+bad state), the tax is tau_a = mu u_a / (l_bar (1 - u_a)), the unemployed receive mu w. The model facts and
+conventions of the whole estimator are collected in docs/ks.md.
 """
 
 from __future__ import annotations

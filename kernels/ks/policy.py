@@ -16,13 +16,12 @@ synchronisation) once per ``check_every`` steps instead of every step (~18,000 s
 The iteration may run up to ``check_every - 1`` steps past the first one below the tolerance; each of them
 only moves the policy closer to its fixed point.
 
-The GPU runs one fused CUDA kernel per iteration (``EULER_CUDA_SOURCE``); its NumPy twin is
-:func:`euler_update`, written against ``xp``.
+The GPU runs one fused CUDA kernel per iteration (``ks_euler_step`` in ``kernels/ks/policy.cu``); its NumPy
+twin is :func:`euler_update`, written against ``xp``.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -30,12 +29,18 @@ from typing import Any
 
 import numpy as np
 
-from kernels.backend import is_gpu
+from kernels import cuda
+from kernels.backend import is_numpy
 from kernels.ks.grids import Grids
-from kernels.ks.interp import INTERP_CUDA_SOURCE, Method, interpolate
+from kernels.ks.interp import Method, interpolate
 from kernels.ks.model import Calibration, interest_rate, labour_income_factor, wage, wealth
 
 CONSUMPTION_FLOOR = 1e-10  # MMV: a non-positive future consumption is replaced by this
+_EULER_THREADS = 128  # block size of the Euler step (a launch parameter: the kernel has no shared memory)
+
+# The policy step is float64 whatever the panel's precision: one variant, compiled at worker start.
+_EULER_DEFINES = cuda.real_define(np.float64)
+_EULER_SOURCE = cuda.kernel_source(__file__, "policy.cu", headers=["ks/interp.cuh"], warm_up=[_EULER_DEFINES])
 
 
 @dataclass(frozen=True)
@@ -172,7 +177,7 @@ def solve_policy(
     ``checkpoint(iteration)`` is called every ``checkpoint_every`` iterations (progress, cancellation).
     """
     if use_kernel is None:
-        use_kernel = is_gpu(xp)
+        use_kernel = not is_numpy(xp)
     if use_kernel:
         return _solve_policy_cuda(xp, problem, alm, policy, settings, checkpoint, checkpoint_every)
     prices = device_prices(xp, problem, alm)
@@ -212,56 +217,8 @@ def euler_residuals(xp: ModuleType, problem: EulerProblem, policy: Any, alm: np.
     return xp.where(binding, xp.nan, residual)
 
 
-EULER_CUDA_SOURCE = (
-    "typedef double ks_real;\n"
-    + INTERP_CUDA_SOURCE
-    + r"""
-// One damped Euler step at every grid point; thread index = ((a * 2 + eps) * nk + i) * nK + j.
-extern "C" __global__ void ks_euler_step(
-        const double* __restrict__ policy, double* __restrict__ policy_out, double* __restrict__ change,
-        const double* __restrict__ k_nodes, const double* __restrict__ wealth_now,
-        const double* __restrict__ capital_next,   // [a][j]
-        const double* __restrict__ r_next,         // [a][a'][j]
-        const double* __restrict__ w_next,         // [a][a'][j]
-        const double* __restrict__ prob,           // 4 x 4 joint transition, row (a, eps)
-        const double* __restrict__ income_factor,  // [a'][eps']
-        int nk, int nK, double k_min, double k_max, double inv_power, double K_min, double K_max,
-        int method, double one_minus_delta, double beta, double gamma, double damping, double floor_c) {
-    const ks_grid_params g = {nk, nK, k_min, k_max, inv_power, K_min, K_max};
-    const int total = 4 * nk * nK;
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= total) return;
-    int j = idx % nK;
-    int ae = idx / (nk * nK);
-    int a = ae / 2;
-    double kp = policy[idx];
-    double Kn = capital_next[a * nK + j];
-    double expectation = 0.0;
-    for (int a_next = 0; a_next < 2; ++a_next) {
-        double r = r_next[(a * 2 + a_next) * nK + j];
-        double w = w_next[(a * 2 + a_next) * nK + j];
-        for (int e_next = 0; e_next < 2; ++e_next) {
-            double k2 = ks_interpolate(policy, k_nodes, 2 * a_next + e_next, kp, Kn, g, method);
-            double income = (r + one_minus_delta) * kp + income_factor[2 * a_next + e_next] * w;
-            double c = income - k2;
-            c = c > 0.0 ? c : floor_c;
-            expectation += prob[ae * 4 + 2 * a_next + e_next] * ((one_minus_delta + r) * pow(c, -gamma));
-        }
-    }
-    double consumption = pow(beta * expectation, -1.0 / gamma);
-    double k_new = ks_clip(wealth_now[idx] - consumption, g.k_min, g.k_max);
-    change[idx] = fabs(k_new - kp);
-    policy_out[idx] = damping * k_new + (1.0 - damping) * kp;
-}
-"""
-)
-
-
-@functools.cache
 def _euler_kernel() -> Any:
-    import cupy
-
-    return cupy.RawModule(code=EULER_CUDA_SOURCE, options=("--std=c++14",)).get_function("ks_euler_step")
+    return cuda.function(_EULER_SOURCE, "ks_euler_step", defines=_EULER_DEFINES)
 
 
 def grid_args(grids: Grids, dtype: Any = np.float64) -> tuple[Any, ...]:
@@ -289,7 +246,7 @@ def _solve_policy_cuda(xp: ModuleType, problem: EulerProblem, alm: np.ndarray, p
     scratch = xp.empty_like(current)
     change = xp.empty_like(current)
     total = current.size
-    threads = 128
+    threads = _EULER_THREADS
     blocks = (total + threads - 1) // threads
     kernel = _euler_kernel()
     grid = grid_args(grids)

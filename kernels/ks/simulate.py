@@ -5,21 +5,20 @@ and draws eps_{t+1} from the employment transition conditional on (a_t, a_{t+1},
 agent i in period t is Philox (seed, stream, t N + i) from :mod:`kernels.rng`, so no N x T shock matrix is
 ever stored and the GPU kernel draws in registers exactly the numbers of the array code.
 
-On the GPU one CUDA kernel per period (``PANEL_CUDA_SOURCE``) moves every agent, draws its shock and
-reduces the new capital deterministically (per-block partial sums, then the last block to finish sums
-them in a fixed order and writes K_{t+1} to device memory). :class:`CudaPanel` owns the device buffers of
-one panel configuration (fixed N, shock path, seed and stream): they keep their addresses, so the period
-loop is captured once as CUDA graphs (one per ``periods_per_graph`` periods) and replayed on every call with
-the policy, k_0 and eps_0 copied in place - the solve's outer iterations replay the same graphs. Nothing in
-the loop needs the host: K_t is read by the kernel from device memory, the per-period scalars (t, a_t and
-the conditional employment probabilities) are fixed by the shock path, the buffers are allocated before
-capture, and the host only waits, at most two chunks behind, to report progress. Where capture fails, the
-same kernels are launched per period on the same stream (identical arithmetic, hence identical bits).
+On the GPU one CUDA kernel per period (``ks_panel_step`` in ``kernels/ks/simulate.cu``) moves every agent, draws
+its shock and reduces the new capital deterministically (per-block partial sums, then the last block to finish
+sums them in a fixed order and writes K_{t+1} to device memory). :class:`CudaPanel` owns the device buffers of
+one panel configuration (fixed N, shock path, seed and stream): they keep their addresses, so the period loop is
+captured once as CUDA graphs (one per ``periods_per_graph`` periods) and replayed on every call with the policy,
+k_0 and eps_0 copied in place - the solve's outer iterations replay the same graphs. Nothing in the loop needs
+the host: K_t is read by the kernel from device memory, the per-period scalars (t, a_t and the conditional
+employment probabilities) are fixed by the shock path, the buffers are allocated before capture, and the host
+only waits, at most two chunks behind, to report progress. Where capture fails, the same kernels are launched
+per period on the same stream (identical arithmetic, hence identical bits).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -27,21 +26,22 @@ from typing import Any
 
 import numpy as np
 
-from kernels import rng
-from kernels.backend import is_gpu
+from kernels import cuda, rng
+from kernels.backend import is_numpy, to_host
 from kernels.ks.grids import Grids
-from kernels.ks.interp import INTERP_CUDA_SOURCE, Method, interpolate
+from kernels.ks.interp import Method, interpolate
 from kernels.ks.model import Calibration, aggregate_transition, conditional_employment
 from kernels.ks.policy import grid_args, method_code
 
-# Philox streams (the key is the job's seed): one per independent family of draws.
-STREAM_AGGREGATE = 1
-STREAM_IDIOSYNCRATIC = 2
-STREAM_INITIAL_EMPLOYMENT = 3
-STREAM_TEST_AGGREGATE = 11  # the fresh path of the Den Haan accuracy test
-STREAM_TEST_IDIOSYNCRATIC = 12
+# Philox streams (the key is the job's seed): one per independent family of draws, registered (with their
+# fixed numbers) in kernels.rng.STREAMS.
+STREAM_AGGREGATE = rng.STREAMS["KS_AGGREGATE"]
+STREAM_IDIOSYNCRATIC = rng.STREAMS["KS_IDIOSYNCRATIC"]
+STREAM_INITIAL_EMPLOYMENT = rng.STREAMS["KS_INITIAL_EMPLOYMENT"]
+STREAM_TEST_AGGREGATE = rng.STREAMS["KS_TEST_AGGREGATE"]  # the fresh path of the Den Haan accuracy test
+STREAM_TEST_IDIOSYNCRATIC = rng.STREAMS["KS_TEST_IDIOSYNCRATIC"]
 
-_THREADS = 256
+_THREADS = 256  # the kernel's block size (its THREADS define)
 _MAX_BLOCKS = 1024  # fixed, so the reduction order (and every bit of K) does not depend on the device
 
 
@@ -98,7 +98,7 @@ def simulate_panel(
     when the panel is simulated again: keep the engine and call :meth:`CudaPanel.simulate`, as the solve does).
     """
     if use_kernel is None:
-        use_kernel = is_gpu(xp)
+        use_kernel = not is_numpy(xp)
     if use_kernel:
         engine = CudaPanel(xp, cal, grids, method, k0.dtype, k0.shape[0], a_path, seed, stream,
                            use_graph=use_graph, periods_per_graph=checkpoint_every)
@@ -128,75 +128,18 @@ def simulate_panel(
     return PanelResult(path, k, employed)
 
 
-PANEL_CUDA_TEMPLATE = r"""
-// One period for every agent: interpolate the policy, draw the next employment state, and reduce the new
-// capital to K_{t+1} (clamped mean) with a deterministic two-level sum.
-extern "C" __global__ void ks_panel_step(
-        const ks_real* __restrict__ table, const ks_real* __restrict__ k_nodes,
-        ks_real* __restrict__ k, unsigned char* __restrict__ employed,
-        double* __restrict__ capital_path, double* __restrict__ partial, unsigned int* __restrict__ ticket,
-        long long n, int t, int a_now, double p_emp_unemployed, double p_emp_employed,
-        unsigned long long seed, unsigned long long stream,
-        int nk, int nK, ks_real k_min, ks_real k_max, ks_real inv_power, ks_real K_min, ks_real K_max,
-        int method) {
-    const ks_grid_params g = {nk, nK, k_min, k_max, inv_power, K_min, K_max};
-    __shared__ double sums[THREADS];
-    __shared__ bool last_block;
-    const ks_real capital = (ks_real)capital_path[t];
-    const unsigned long long offset = (unsigned long long)t * (unsigned long long)n;
-    double local = 0.0;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const unsigned char e = employed[i];
-        ks_real next = ks_interpolate(table, k_nodes, 2 * a_now + e, k[i], capital, g, method);
-        next = ks_clip(next, k_min, k_max);
-        k[i] = next;
-        const double u = gpuest_uniform(seed, stream, offset + (unsigned long long)i);
-        employed[i] = u < (e ? p_emp_employed : p_emp_unemployed) ? 1 : 0;
-        local += (double)next;
-    }
-    sums[threadIdx.x] = local;
-    __syncthreads();
-    for (int width = THREADS / 2; width > 0; width >>= 1) {
-        if (threadIdx.x < width) sums[threadIdx.x] += sums[threadIdx.x + width];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        partial[blockIdx.x] = sums[0];
-        __threadfence();
-        // atomicInc wraps to 0 after gridDim.x - 1: the counter is reset for the next period
-        last_block = atomicInc(ticket, gridDim.x - 1) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last_block) return;
-    double s = 0.0;
-    for (int b = threadIdx.x; b < gridDim.x; b += THREADS) s += ((volatile double*)partial)[b];
-    sums[threadIdx.x] = s;
-    __syncthreads();
-    for (int width = THREADS / 2; width > 0; width >>= 1) {
-        if (threadIdx.x < width) sums[threadIdx.x] += sums[threadIdx.x + width];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        double mean = sums[0] / (double)n;
-        capital_path[t + 1] = mean < (double)K_min ? (double)K_min : (mean > (double)K_max ? (double)K_max : mean);
-    }
-}
-"""
+def panel_defines(dtype: Any) -> dict[str, cuda.DefineValue]:
+    """The compile-time constants of the panel kernel for a panel of ``dtype`` (float64 or float32)."""
+    return {**cuda.real_define(dtype), "THREADS": _THREADS}
 
 
-def panel_cuda_source(real: str) -> str:
-    from kernels.rng import PHILOX_CUDA_SOURCE
-
-    return (f"typedef {real} ks_real;\n#define THREADS {_THREADS}\n" + PHILOX_CUDA_SOURCE + INTERP_CUDA_SOURCE
-            + PANEL_CUDA_TEMPLATE)
+# Both precisions the job offers, compiled at worker start.
+_PANEL_SOURCE = cuda.kernel_source(__file__, "simulate.cu", headers=[cuda.PHILOX_HEADER, "ks/interp.cuh"],
+                                   warm_up=[panel_defines(np.float64), panel_defines(np.float32)])
 
 
-@functools.cache
-def _panel_kernel(real: str) -> Any:
-    import cupy
-
-    return cupy.RawModule(code=panel_cuda_source(real), options=("--std=c++14",)).get_function("ks_panel_step")
+def _panel_kernel(dtype: Any) -> Any:
+    return cuda.function(_PANEL_SOURCE, "ks_panel_step", defines=panel_defines(dtype))
 
 
 class CudaPanel:
@@ -216,7 +159,7 @@ class CudaPanel:
         self.dtype = np.dtype(dtype)
         self.periods = len(a_path) - 1
         self.n = int(n_agents)
-        self.kernel = _panel_kernel("double" if self.dtype == np.float64 else "float")
+        self.kernel = _panel_kernel(self.dtype)
         # zeros, not empty: the warm-up launch before capture reads them (NaN garbage would index out of range)
         self.table = xp.zeros((4, grids.k_size, grids.K_size), dtype=self.dtype)
         self.k_nodes = xp.asarray(grids.k, dtype=self.dtype)
@@ -309,4 +252,4 @@ class CudaPanel:
             event.synchronize()
             checkpoint(period)  # type: ignore[misc]
         # copies on the caller's stream: the next simulate (ordered after them) may overwrite the buffers
-        return PanelResult(xp.asnumpy(self.capital_path[: self.periods]), self.k.copy(), self.employed.copy())
+        return PanelResult(to_host(self.capital_path[: self.periods]), self.k.copy(), self.employed.copy())

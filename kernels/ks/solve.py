@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.backend import is_gpu
+from kernels.backend import is_numpy
 from kernels.ks import alm as alm_mod
 from kernels.ks.grids import Grids
 from kernels.ks.interp import Method
@@ -123,7 +123,7 @@ def solve(
     if settings.burn_in + 3 >= settings.periods:
         raise ValueError("burn_in must leave at least a few periods of the panel for the ALM regression")
     test_periods = den_haan_test_periods(settings)  # checked before the solve, not after it
-    on_device = is_gpu(xp) if use_kernels is None else use_kernels
+    on_device = not is_numpy(xp) if use_kernels is None else use_kernels
     with timer.stage("setup"):
         problem = EulerProblem(xp, cal, grids, settings.interpolation)
         policy = initial_policy(xp, grids)

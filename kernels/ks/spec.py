@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kernels.ks.model import DHJJ_TRANSITION, Calibration, validate_calibration
 from kernels.ks.solve import MIN_DEN_HAAN_PERIODS
-from kernels.spec import JobParams, ResultModel
+from kernels.spec import JobParams, ResultModel, ResultPart
 
 DEFAULT_SEED = 19_980_101
 
@@ -125,7 +125,7 @@ class KSSolveParams(JobParams):
         return value
 
 
-class StateALM(ResultModel):
+class StateALM(ResultPart):
     intercept: float
     slope: float
     r2: float
@@ -133,12 +133,12 @@ class StateALM(ResultModel):
     n_obs: int
 
 
-class ALM(ResultModel):
+class ALM(ResultPart):
     bad: StateALM
     good: StateALM
 
 
-class DenHaanError(ResultModel):
+class DenHaanError(ResultPart):
     max_pct: float = Field(description="max over t of 100 |ln K_t(ALM alone) - ln K_t(panel)| on a fresh path")
     mean_pct: float
     periods: int
@@ -161,5 +161,3 @@ class KSSolveResult(ResultModel):
     interpolation: str
     precision: str
     seed: int
-    device: str
-    timings: dict[str, float]

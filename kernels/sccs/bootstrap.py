@@ -18,7 +18,7 @@ import numpy as np
 from kernels import rng
 from kernels.sccs.ccd import BatchFitter, CycleCallback, offset_callback
 
-BOOTSTRAP_STREAM = 0x5CC5_0002
+BOOTSTRAP_STREAM = rng.STREAMS["SCCS_BOOTSTRAP"]
 
 
 def case_weights(xp: ModuleType, n_cases: int, first: int, count: int, seed: int) -> Any:

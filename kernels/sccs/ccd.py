@@ -21,7 +21,8 @@ Convergence, checked once per cycle over all coordinates:
   ``<= tolerance`` (absolute, in log-likelihood units).
 
 The final KKT residual's max-norm is reported either way. This module is the NumPy path and the
-reference for :mod:`kernels.sccs.cuda` (which runs the same arithmetic per coordinate on the device).
+reference for :mod:`kernels.sccs.gpu` (which runs the same arithmetic per coordinate on the device, with
+the kernels of ``ccd.cu``). The model and its conventions: ``docs/sccs.md``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.backend import is_numpy, to_host
 from kernels.sccs import model
 from kernels.sccs.data import SccsData
 from kernels.sccs.model import Prior
@@ -121,8 +123,8 @@ def fit(
     ``on_cycle(cycle, finished)`` runs after every cycle (``finished``: the fit stops after this cycle,
     converged or at ``max_iterations``); it may raise (e.g. ``JobCancelled``) to abandon the fit.
     """
-    if not isinstance(data.era_case, np.ndarray):
-        raise TypeError("ccd.fit is the NumPy path; use kernels.sccs.cuda for CuPy data")
+    if not is_numpy(data.xp):
+        raise TypeError("ccd.fit is the NumPy path; use kernels.sccs.gpu for CuPy data")
     n_cov = data.n_covariates
     if prior.penalised.shape != (n_cov,):
         raise ValueError(f"prior.penalised must have shape ({n_cov},)")
@@ -201,8 +203,7 @@ def finish(
     """Evaluate the fit's log-likelihood, log-posterior and KKT residual from scratch (on data's device)."""
     beta_host = np.asarray(beta, dtype=np.float64)
     ll, grad = model.log_likelihood_and_gradient(data, beta_host, weights)
-    grad_host = grad.get() if hasattr(grad, "get") else np.asarray(grad)
-    residual = model.kkt_residual(beta_host, grad_host, prior)
+    residual = model.kkt_residual(beta_host, to_host(grad), prior)
     return FitResult(
         beta=beta_host.copy(),
         iterations=iterations,

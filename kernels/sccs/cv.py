@@ -20,7 +20,7 @@ from kernels.sccs import model
 from kernels.sccs.ccd import BatchFitter, CycleCallback, offset_callback
 from kernels.sccs.data import SccsData
 
-FOLD_STREAM = 0x5CC5_0001
+FOLD_STREAM = rng.STREAMS["SCCS_CV_FOLDS"]
 # Cyclops' default grid (createControl: lowerLimit 0.01, upperLimit 20, gridSteps 10), computed as its
 # GridSearchCrossValidationDriver::computeGridPoint does: exp(log(lower) + step (log(upper) - log(lower)) / 9).
 _GRID_LOWER, _GRID_UPPER, _GRID_STEPS = 0.01, 20.0, 10
@@ -77,7 +77,7 @@ def cross_validate(
     converged = np.zeros((folds, grid.size), dtype=bool)
     coefficients = np.zeros((folds, grid.size, data.n_covariates))
     gradient_norm = np.zeros((folds, grid.size))
-    xp = model.namespace(data)
+    xp = data.xp
     for v, variance in enumerate(grid.tolist()):
         report = offset_callback(on_cycle, v * folds)
         results = fitter(np.full(folds, variance), training, beta, report)

@@ -1,6 +1,6 @@
 """SCCS data on the host or device: eras grouped by case, a CSC design and the per-column case index.
 
-Layout (the paper's section 2.3, in the Cyclops interval format):
+Layout (the paper's section 2.3, in the Cyclops interval format; see ``docs/sccs.md``):
 
 * eras ``k = 0..K-1`` sorted by case; ``era_case[k]`` is the case of era ``k``, ``era_length`` its length in
   days (``L``), ``era_events`` its event count (``y``); ``case_events[i] = n_i`` sums them per case.
@@ -12,13 +12,15 @@ Layout (the paper's section 2.3, in the Cyclops interval format):
   nonzero back to its touched-case slot (the host path uses it for ``bincount``).
 
 Everything is built with the array namespace ``xp`` (NumPy or CuPy), so synthetic data of the paper's
-largest size can be assembled directly on the GPU. Also here: the table builder for the
-Cyclops/SelfControlledCaseSeries ``outcomes``/``covariates`` tables with its validation, and the
-conversion of raw person-level data (observation period, events, exposures, risk window) into those tables.
+largest size can be assembled directly on the GPU, and the uploaded tables are sorted and indexed on the
+device a job runs on. Also here: the table builder for the Cyclops/SelfControlledCaseSeries
+``outcomes``/``covariates`` tables with its validation, and the conversion of raw person-level data
+(observation period, events, exposures, risk window) into those tables.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -26,6 +28,17 @@ from typing import Any
 import numpy as np
 
 from kernels import rng
+from kernels.backend import array_namespace, is_numpy, to_host
+from kernels.sccs.transfer import to_device
+
+# The two hashes that group pieces of equal (case, drug set) in eras_from_person_data.
+DRUG_HASH_STREAM = rng.STREAMS["SCCS_ERAS_DRUG_HASH"]
+CASE_HASH_STREAM = rng.STREAMS["SCCS_ERAS_CASE_HASH"]
+
+_DESIGN_ARRAYS = (
+    "era_case", "era_length", "era_events", "case_events", "col_ptr", "col_rows", "col_values",
+    "touched_col_ptr", "touched_case", "touched_ptr", "nnz_touched",
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,11 @@ class SccsData:
     binary: bool  # every nonzero equals 1 (then sum x^2 w = sum x w)
 
     @property
+    def xp(self) -> ModuleType:
+        """The namespace the arrays live in."""
+        return array_namespace(self.era_case)
+
+    @property
     def n_cases(self) -> int:
         return int(self.case_events.shape[0])
 
@@ -64,38 +82,37 @@ class SccsData:
 
     def max_touched(self) -> int:
         """The largest number of cases one column touches (sizes the GPU's per-column launch)."""
-        ptr = np.asarray(_host(self.touched_col_ptr))
+        ptr = to_host(self.touched_col_ptr)
         return int(np.max(np.diff(ptr))) if ptr.size > 1 else 0
+
+    @functools.cached_property
+    def design(self) -> Any:
+        """``X`` as a (K x J) CSC sparse matrix of the data's namespace, built once per data set.
+
+        The CSC arrays are canonical by construction (:func:`from_coo`: rows increase within a column, one
+        entry per (era, column)), and the matrix says so: otherwise CuPy checks it before every product with
+        one thread per column scanning that column's rows (a large share of a fit at the paper's largest size).
+        """
+        xp = self.xp
+        if is_numpy(xp):
+            import scipy.sparse as sparse
+        else:
+            import cupyx.scipy.sparse as sparse
+        matrix = sparse.csc_matrix((self.col_values, self.col_rows, self.col_ptr), shape=(self.n_eras,
+                                                                                         self.n_covariates))
+        matrix.has_canonical_format = True
+        return matrix
 
     def to(self, xp: ModuleType) -> SccsData:
         """The same data with every array moved to ``xp`` (NumPy or CuPy)."""
-        convert = _host if xp is np else xp.asarray
-        moved = {
-            name: convert(getattr(self, name))
-            for name in (
-                "era_case", "era_length", "era_events", "case_events", "col_ptr", "col_rows", "col_values",
-                "touched_col_ptr", "touched_case", "touched_ptr", "nnz_touched",
-            )
-        }
+        convert = to_host if is_numpy(xp) else functools.partial(to_device, xp)
+        moved = {name: convert(getattr(self, name)) for name in _DESIGN_ARRAYS}
         return SccsData(**moved, covariate_ids=self.covariate_ids, binary=self.binary)
-
-
-def _host(array: Any) -> np.ndarray:
-    get = getattr(array, "get", None)
-    return get() if callable(get) else np.asarray(array)
-
-
-def _xp_of(array: Any) -> ModuleType:
-    if isinstance(array, np.ndarray):
-        return np
-    import cupy
-
-    return cupy
 
 
 def repeat_by_counts(xp: ModuleType, values: Any, counts: Any) -> Any:
     """``values[i]`` repeated ``counts[i]`` times (``np.repeat``; CuPy's repeat takes no array of counts)."""
-    if xp is np:
+    if is_numpy(xp):
         return np.repeat(values, counts)
     counts = xp.asarray(counts, dtype=xp.int64)
     total = int(counts.sum())
@@ -123,7 +140,7 @@ def from_coo(
     ``era_case`` must be non-decreasing, numbered ``0..N-1`` with every case present and carrying at least
     one event; each ``(era, column)`` pair may appear once. Arrays may be NumPy or CuPy (not mixed).
     """
-    xp = _xp_of(era_case)
+    xp = array_namespace(era_case)
     era_case = xp.asarray(era_case, dtype=xp.int64)
     era_length = xp.asarray(era_length, dtype=xp.float64)
     era_events = xp.asarray(era_events, dtype=xp.float64)
@@ -169,97 +186,155 @@ def from_coo(
 @dataclass(frozen=True)
 class BuiltData:
     data: SccsData
-    case_ids: np.ndarray  # (N,) the stratumId of each kept case
+    case_ids: np.ndarray  # (N,) the stratumId of each kept case (on the host)
     dropped_cases: int  # cases without any event (no likelihood contribution)
     dropped_eras: int
 
 
-def _require_finite(name: str, values: np.ndarray) -> None:
-    if not np.all(np.isfinite(values)):
+@dataclass(frozen=True)
+class _Tables:
+    """The Cyclops interval tables as arrays of one namespace (validated by :func:`_validated_tables`)."""
+
+    row_id: Any
+    stratum_id: Any
+    time: Any
+    y: Any
+    cov_row_id: Any
+    cov_id: Any
+    cov_value: Any
+
+
+def _require_finite(xp: ModuleType, name: str, values: Any) -> None:
+    if not bool(xp.all(xp.isfinite(values))):
         raise ValueError(f"{name} has missing or non-finite values")
 
 
+def _run_starts(xp: ModuleType, sorted_values: Any) -> Any:
+    """Per element of a sorted array, whether it starts a run of equal values."""
+    starts = xp.ones(sorted_values.shape[0], dtype=bool)
+    starts[1:] = sorted_values[1:] != sorted_values[:-1]
+    return starts
+
+
+def _has_duplicates(xp: ModuleType, values: Any) -> bool:
+    """Whether an integer array holds a value twice (by one sort: NumPy's hash-based unique is slow here)."""
+    ordered = xp.sort(values)
+    return bool(xp.any(ordered[1:] == ordered[:-1]))
+
+
+def _unique_with_inverse(xp: ModuleType, values: Any) -> tuple[Any, Any]:
+    """``np.unique(values, return_inverse=True)`` of an integer array, by one stable sort on either backend."""
+    order = xp.argsort(values, kind="stable")
+    ordered = values[order]
+    starts = _run_starts(xp, ordered)
+    inverse = xp.empty(values.shape[0], dtype=xp.int64)
+    inverse[order] = xp.cumsum(starts) - 1
+    return ordered[starts], inverse
+
+
+def _validated_tables(xp: ModuleType, row_id: Any, stratum_id: Any, time: Any, y: Any, cov_row_id: Any,
+                      cov_id: Any, cov_value: Any) -> _Tables:
+    """The tables moved to ``xp`` and checked (see :func:`build_from_tables`)."""
+
+    def real(values: Any) -> Any:
+        return to_device(xp, values).astype(xp.float64, copy=False)
+
+    tables = _Tables(
+        row_id=to_device(xp, row_id), stratum_id=to_device(xp, stratum_id), time=real(time), y=real(y),
+        cov_row_id=to_device(xp, cov_row_id), cov_id=to_device(xp, cov_id), cov_value=real(cov_value),
+    )
+    if tables.row_id.size == 0:
+        raise ValueError("outcomes table has no rows")
+    for name, values in (("outcomes.time", tables.time), ("outcomes.y", tables.y),
+                         ("covariates.covariateValue", tables.cov_value)):
+        _require_finite(xp, name, values)
+    for name, values in (("outcomes.rowId", tables.row_id), ("outcomes.stratumId", tables.stratum_id),
+                         ("covariates.rowId", tables.cov_row_id), ("covariates.covariateId", tables.cov_id)):
+        if values.dtype.kind not in "iu":
+            raise ValueError(f"{name} must hold integers, got dtype {values.dtype}")
+    not_positive = int(xp.sum(tables.time <= 0))
+    if not_positive:
+        raise ValueError(f"outcomes.time must be > 0 (era length in days); {not_positive} rows are not")
+    if bool(xp.any(tables.y < 0)) or bool(xp.any(tables.y != xp.round(tables.y))):
+        raise ValueError("outcomes.y must hold non-negative integer event counts")
+    return tables
+
+
+def _era_positions(xp: ModuleType, tables: _Tables) -> tuple[Any, Any]:
+    """The eras' order by (case, rowId), and each covariate entry's era position in that order.
+
+    Two stable sorts: by rowId (which also finds repeated rowIds and looks up the covariates' rows), then
+    by case; with unique rowIds this is the one order by (stratumId, rowId)."""
+    by_row = xp.argsort(tables.row_id, kind="stable")
+    sorted_rows = tables.row_id[by_row]
+    if bool(xp.any(sorted_rows[1:] == sorted_rows[:-1])):
+        raise ValueError("outcomes.rowId must be unique")
+    era_order = by_row[xp.argsort(tables.stratum_id[by_row], kind="stable")]
+    era_of_row = xp.empty(era_order.shape[0], dtype=xp.int64)
+    era_of_row[era_order] = xp.arange(era_order.shape[0], dtype=xp.int64)  # row (table position) -> era position
+    position = xp.minimum(xp.searchsorted(sorted_rows, tables.cov_row_id), sorted_rows.size - 1)
+    found = sorted_rows[position] == tables.cov_row_id
+    if not bool(xp.all(found)):
+        missing = tables.cov_row_id[~found][:5].tolist()
+        raise ValueError(f"covariates.rowId values not present in outcomes.rowId, e.g. {missing}")
+    return era_order, era_of_row[by_row[position]]
+
+
 def build_from_tables(
-    row_id: np.ndarray,
-    stratum_id: np.ndarray,
-    time: np.ndarray,
-    y: np.ndarray,
-    cov_row_id: np.ndarray,
-    cov_id: np.ndarray,
-    cov_value: np.ndarray,
+    row_id: Any,
+    stratum_id: Any,
+    time: Any,
+    y: Any,
+    cov_row_id: Any,
+    cov_id: Any,
+    cov_value: Any,
+    xp: ModuleType = np,
 ) -> BuiltData:
-    """Validate the Cyclops interval tables and build :class:`SccsData` on the host.
+    """Validate the Cyclops interval tables and build :class:`SccsData` with ``xp`` (on its device).
 
     outcomes: ``rowId`` (unique), ``stratumId`` (the case), ``time`` (era length in days, > 0), ``y``
     (event count, a non-negative integer); covariates: ``rowId`` (must exist in outcomes),
     ``covariateId``, ``covariateValue`` (finite; at most one entry per ``(rowId, covariateId)``). Cases
     without events are dropped and counted; covariates keep their column even when no kept era has them.
+    Every step is a sort, a gather or an integer count, so each backend builds the same data.
     """
-    row_id = np.asarray(row_id)
-    stratum_id = np.asarray(stratum_id)
-    time = np.asarray(time, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    cov_row_id = np.asarray(cov_row_id)
-    cov_id = np.asarray(cov_id)
-    cov_value = np.asarray(cov_value, dtype=np.float64)
-    if row_id.size == 0:
-        raise ValueError("outcomes table has no rows")
-    for name, values in (("outcomes.time", time), ("outcomes.y", y), ("covariates.covariateValue", cov_value)):
-        _require_finite(name, values)
-    for name, values in (("outcomes.rowId", row_id), ("outcomes.stratumId", stratum_id),
-                         ("covariates.rowId", cov_row_id), ("covariates.covariateId", cov_id)):
-        if values.dtype.kind not in "iu":
-            raise ValueError(f"{name} must hold integers, got dtype {values.dtype}")
-    if np.any(time <= 0):
-        raise ValueError(f"outcomes.time must be > 0 (era length in days); {int(np.sum(time <= 0))} rows are not")
-    if np.any(y < 0) or np.any(y != np.round(y)):
-        raise ValueError("outcomes.y must hold non-negative integer event counts")
-    if np.unique(row_id).size != row_id.size:
-        raise ValueError("outcomes.rowId must be unique")
+    tables = _validated_tables(xp, row_id, stratum_id, time, y, cov_row_id, cov_id, cov_value)
+    era_order, cov_era = _era_positions(xp, tables)
 
-    # Eras sorted by (case, rowId); map rowIds to their position.
-    era_order = np.lexsort((row_id, stratum_id))
-    sorted_rows = row_id[era_order]
-    row_lookup = np.argsort(sorted_rows, kind="stable")
-    position_of_sorted = np.searchsorted(sorted_rows, cov_row_id, sorter=row_lookup)
-    position_of_sorted = np.minimum(position_of_sorted, sorted_rows.size - 1)
-    found = sorted_rows[row_lookup[position_of_sorted]] == cov_row_id
-    if not np.all(found):
-        missing = cov_row_id[~found][:5].tolist()
-        raise ValueError(f"covariates.rowId values not present in outcomes.rowId, e.g. {missing}")
-    cov_era = row_lookup[position_of_sorted]  # era position (in era_order) of each covariate entry
-
-    strata_sorted = stratum_id[era_order]
-    unique_strata, case_of_era = np.unique(strata_sorted, return_inverse=True)
-    events_per_case = np.bincount(case_of_era, weights=y[era_order], minlength=unique_strata.size)
+    # Cases: the sorted strata numbered 0, 1, ...; those without events dropped.
+    strata_sorted = tables.stratum_id[era_order]
+    case_starts = _run_starts(xp, strata_sorted)
+    unique_strata = strata_sorted[case_starts]
+    case_of_era = xp.cumsum(case_starts) - 1
+    events_per_case = xp.bincount(case_of_era, weights=tables.y[era_order], minlength=unique_strata.size)
     keep_case = events_per_case > 0
     keep_era = keep_case[case_of_era]
-    new_case_number = np.cumsum(keep_case) - 1
-    new_era_number = np.cumsum(keep_era) - 1
+    new_case_number = xp.cumsum(keep_case) - 1
+    new_era_number = xp.cumsum(keep_era) - 1
 
-    covariate_ids, cov_col = np.unique(cov_id, return_inverse=True)
-    pair_key = cov_era.astype(np.int64) * max(covariate_ids.size, 1) + cov_col
-    if np.unique(pair_key).size != pair_key.size:
+    covariate_ids, cov_col = _unique_with_inverse(xp, tables.cov_id)
+    pair_key = cov_era.astype(xp.int64) * max(covariate_ids.size, 1) + cov_col
+    if _has_duplicates(xp, pair_key):
         raise ValueError("covariates has duplicate (rowId, covariateId) pairs")
-    keep_entry = keep_era[cov_era] & (cov_value != 0.0)
+    keep_entry = keep_era[cov_era] & (tables.cov_value != 0.0)
 
     data = from_coo(
         era_case=new_case_number[case_of_era[keep_era]],
-        era_length=time[era_order][keep_era],
-        era_events=y[era_order][keep_era],
+        era_length=tables.time[era_order][keep_era],
+        era_events=tables.y[era_order][keep_era],
         nz_era=new_era_number[cov_era[keep_entry]],
         nz_col=cov_col[keep_entry],
-        nz_value=cov_value[keep_entry],
-        n_covariates=covariate_ids.size,
-        covariate_ids=covariate_ids.astype(np.int64),
+        nz_value=tables.cov_value[keep_entry],
+        n_covariates=int(covariate_ids.size),
+        covariate_ids=to_host(covariate_ids).astype(np.int64),
     )
     if data.n_cases == 0:
         raise ValueError("no case has an event (outcomes.y is zero everywhere): nothing to fit")
     return BuiltData(
         data=data,
-        case_ids=unique_strata[keep_case],
-        dropped_cases=int(np.sum(~keep_case)),
-        dropped_eras=int(np.sum(~keep_era)),
+        case_ids=to_host(unique_strata[keep_case]),
+        dropped_cases=int(xp.sum(~keep_case)),
+        dropped_eras=int(xp.sum(~keep_era)),
     )
 
 
@@ -277,7 +352,6 @@ class IntervalTables:
 
 
 RISK_WINDOW_ANCHORS = ("exposure_start", "exposure_end")
-_HASH_STREAM = 0x5CC5_0003
 
 
 def _index_of_cases(name: str, cases: np.ndarray, sorted_ids: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -328,8 +402,8 @@ def _group_equal_sets(
     """
     n_pieces = piece_case.size
     for attempt in range(16):
-        drug_words = rng.philox4x32(np, attempt, _HASH_STREAM, np.arange(n_ranks, dtype=np.int64))
-        case_words = rng.philox4x32(np, attempt, _HASH_STREAM + 1, np.arange(n_cases, dtype=np.int64))
+        drug_words = rng.philox4x32(np, attempt, DRUG_HASH_STREAM, np.arange(n_ranks, dtype=np.int64))
+        case_words = rng.philox4x32(np, attempt, CASE_HASH_STREAM, np.arange(n_cases, dtype=np.int64))
         drug_hash = (drug_words[0].astype(np.uint64) << np.uint64(32)) | drug_words[1].astype(np.uint64)
         case_hash = (case_words[0].astype(np.uint64) << np.uint64(32)) | case_words[1].astype(np.uint64)
         key = _segment_sums_u64(drug_hash[pair_rank], pair_ptr) + case_hash[piece_case]
@@ -353,6 +427,210 @@ def _group_equal_sets(
         group_of_piece[order] = np.cumsum(starts) - 1
         return group_of_piece, np.minimum.reduceat(order, np.flatnonzero(starts))
     raise RuntimeError("could not separate the drug sets by hashing (16 keys collided)")
+
+
+@dataclass(frozen=True)
+class _PersonData:
+    """Person-level inputs as int64 arrays, events and exposures located by their case's position."""
+
+    case_id: np.ndarray
+    obs_start: np.ndarray
+    obs_end: np.ndarray
+    event_owner: np.ndarray  # position in case_id of each event's case
+    event_day: np.ndarray
+    exposure_owner: np.ndarray
+    exposure_drug: np.ndarray
+    exposure_start: np.ndarray
+    exposure_end: np.ndarray
+
+    @property
+    def n_cases(self) -> int:
+        return int(self.case_id.size)
+
+
+@dataclass(frozen=True)
+class _RiskWindows:
+    """Risk windows clipped to their case's observation period (empty ones dropped), inclusive days."""
+
+    owner: np.ndarray  # case position
+    start: np.ndarray
+    end: np.ndarray
+    rank: np.ndarray  # drug rank: the drug is drug_ids[rank]
+    drug_ids: np.ndarray  # sorted distinct drugs of the kept windows
+
+
+@dataclass(frozen=True)
+class _DayKeys:
+    """``(case, day)`` as one sortable int64: ``case * span + (day - base)``."""
+
+    base: int
+    span: int
+
+    def of(self, case: np.ndarray, day: np.ndarray) -> np.ndarray:
+        return case * self.span + (day - self.base)
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """Each case cut into pieces of constant exposure: the cuts (sorted keys) and the pieces between them."""
+
+    keys: _DayKeys
+    cut_key: np.ndarray
+    cut_case: np.ndarray
+    case: np.ndarray  # case position of each piece
+    length: np.ndarray  # days
+    window_first: np.ndarray  # first piece of each risk window
+    window_stop: np.ndarray  # one past its last piece
+
+    @property
+    def count(self) -> int:
+        return int(self.case.size)
+
+
+@dataclass(frozen=True)
+class _DrugSets:
+    """The set of drugs of each piece: ranks ``rank[ptr[p]:ptr[p+1]]`` (increasing), ``size[p]`` of them."""
+
+    rank: np.ndarray
+    size: np.ndarray
+    ptr: np.ndarray
+
+
+def _person_data(
+    case_id: np.ndarray, observation_start: np.ndarray, observation_end: np.ndarray, event_case: np.ndarray,
+    event_day: np.ndarray, exposure_case: np.ndarray, exposure_drug: np.ndarray, exposure_start: np.ndarray,
+    exposure_end: np.ndarray,
+) -> _PersonData:
+    """Check the person-level inputs and locate each event and exposure's case."""
+    case_id = np.asarray(case_id)
+    obs_start = np.asarray(observation_start, dtype=np.int64)
+    obs_end = np.asarray(observation_end, dtype=np.int64)
+    if _sorted_unique(case_id).size != case_id.size:
+        raise ValueError("case_id must be unique (one observation period per case)")
+    if np.any(obs_end < obs_start):
+        raise ValueError("observation_end must not precede observation_start")
+    exposure_start = np.asarray(exposure_start, dtype=np.int64)
+    exposure_end = np.asarray(exposure_end, dtype=np.int64)
+    if np.any(exposure_end < exposure_start):
+        raise ValueError("exposure_end must not precede exposure_start")
+    case_order = np.argsort(case_id, kind="stable")
+    sorted_ids = case_id[case_order]
+    return _PersonData(
+        case_id=case_id, obs_start=obs_start, obs_end=obs_end,
+        event_owner=_index_of_cases("event_case", np.asarray(event_case), sorted_ids, case_order),
+        event_day=np.asarray(event_day, dtype=np.int64),
+        exposure_owner=_index_of_cases("exposure_case", np.asarray(exposure_case), sorted_ids, case_order),
+        exposure_drug=np.asarray(exposure_drug, dtype=np.int64), exposure_start=exposure_start,
+        exposure_end=exposure_end,
+    )
+
+
+def _risk_windows(person: _PersonData, risk_window_start: int, risk_window_end: int, start_anchor: str,
+                  end_anchor: str) -> _RiskWindows:
+    first_day = person.exposure_start if start_anchor == "exposure_start" else person.exposure_end
+    last_day = person.exposure_end if end_anchor == "exposure_end" else person.exposure_start
+    owner = person.exposure_owner
+    start = np.maximum(first_day + risk_window_start, person.obs_start[owner])
+    end = np.minimum(last_day + risk_window_end, person.obs_end[owner])
+    keep = start <= end
+    drug_ids, rank = np.unique(person.exposure_drug[keep], return_inverse=True)
+    return _RiskWindows(owner[keep], start[keep], end[keep], rank.astype(np.int64), drug_ids)
+
+
+def _cut_pieces(person: _PersonData, windows: _RiskWindows) -> _Pieces:
+    """The days where the set of drugs can change (observation start, window starts, the day after window
+    ends, the day after observation end) cut each case into pieces."""
+    n_cases = person.n_cases
+    base = int(person.obs_start.min())
+    span = int(person.obs_end.max()) + 2 - base
+    if n_cases * span >= 2**62:
+        raise ValueError("observation periods cover too many days for the era builder")
+    keys = _DayKeys(base, span)
+    cases = np.arange(n_cases, dtype=np.int64)
+    n_windows = windows.owner.size
+    all_keys = np.concatenate([
+        keys.of(cases, person.obs_start), keys.of(cases, person.obs_end + 1), keys.of(windows.owner, windows.start),
+        keys.of(windows.owner, windows.end + 1),
+    ])
+    # One sort gives the distinct cuts and the rank (cut position) of every key.
+    order = np.argsort(all_keys)
+    sorted_keys = all_keys[order]
+    is_new = np.ones(sorted_keys.size, dtype=bool)
+    is_new[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    cut_key = sorted_keys[is_new]
+    rank = np.empty(sorted_keys.size, dtype=np.int64)
+    rank[order] = np.cumsum(is_new) - 1
+    cut_case = cut_key // span
+    cut_day = cut_key % span + base
+    # Piece p starts at every cut but each case's last; p = (cut position) - (case number).
+    is_piece = np.zeros(cut_key.size, dtype=bool)
+    is_piece[:-1] = cut_case[1:] == cut_case[:-1]
+    return _Pieces(
+        keys=keys, cut_key=cut_key, cut_case=cut_case, case=cut_case[is_piece],
+        length=(cut_day[1:] - cut_day[:-1])[is_piece[:-1]],
+        window_first=rank[2 * n_cases:2 * n_cases + n_windows] - windows.owner,
+        window_stop=rank[2 * n_cases + n_windows:] - windows.owner,
+    )
+
+
+def _drug_sets(pieces: _Pieces, windows: _RiskWindows, n_ranks: int) -> _DrugSets:
+    """(piece, drug) pairs: window w covers the pieces [its first piece, its stop piece)."""
+    covered = pieces.window_stop - pieces.window_first
+    offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(covered)])
+    owner = np.repeat(np.arange(windows.owner.size), covered)
+    pair_piece = pieces.window_first[owner] + np.arange(int(offsets[-1]), dtype=np.int64) - offsets[:-1][owner]
+    if pieces.count * n_ranks >= 2**63:
+        raise ValueError("too many (era, drug) combinations for the era builder")
+    pair_key = _sorted_unique(pair_piece * n_ranks + windows.rank[owner])  # merges overlapping windows of a drug
+    pair_piece, pair_rank = pair_key // n_ranks, pair_key % n_ranks
+    set_size = np.bincount(pair_piece, minlength=pieces.count).astype(np.int64)
+    return _DrugSets(rank=pair_rank, size=set_size, ptr=np.concatenate([np.zeros(1, dtype=np.int64),
+                                                                        np.cumsum(set_size)]))
+
+
+def _events_per_piece(person: _PersonData, pieces: _Pieces) -> np.ndarray:
+    """Events inside their case's observation period, counted per piece (the others are ignored)."""
+    owner, day = person.event_owner, person.event_day
+    inside = (day >= person.obs_start[owner]) & (day <= person.obs_end[owner])
+    event_key = np.sort(pieces.keys.of(owner[inside], day[inside]))  # sorted queries: only the counts matter
+    event_cut = np.searchsorted(pieces.cut_key, event_key, side="right") - 1
+    return np.bincount(event_cut - pieces.cut_case[event_cut], minlength=pieces.count)
+
+
+def _era_tables(person: _PersonData, pieces: _Pieces, sets: _DrugSets, drug_ids: np.ndarray,
+                piece_events: np.ndarray, n_ranks: int) -> IntervalTables:
+    """Merge pieces of equal (case, drug set) into eras, numbered by first occurrence."""
+    group_of_piece, group_first_piece = _group_equal_sets(pieces.case, sets.size, sets.ptr, sets.rank, n_ranks,
+                                                          person.n_cases)
+    row_of_group = np.empty(group_first_piece.size, dtype=np.int64)
+    row_of_group[np.argsort(group_first_piece)] = np.arange(group_first_piece.size)
+    row_of_piece = row_of_group[group_of_piece]
+    n_rows = group_first_piece.size
+    row_piece = np.sort(group_first_piece)  # the first piece of each row, in row order
+    # Integer sums by bincount: exact in float64 below 2^53 days or events.
+    row_length = np.rint(np.bincount(row_of_piece, weights=pieces.length, minlength=n_rows)).astype(np.int64)
+    row_events = np.rint(np.bincount(row_of_piece, weights=piece_events, minlength=n_rows)).astype(np.int64)
+
+    entry_count = sets.size[row_piece]
+    entry_offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(entry_count)])
+    entry_row = np.repeat(np.arange(n_rows, dtype=np.int64), entry_count)
+    entry_within = np.arange(int(entry_offsets[-1]), dtype=np.int64) - entry_offsets[:-1][entry_row]
+    entry_drug = drug_ids[sets.rank[sets.ptr[row_piece][entry_row] + entry_within]].astype(np.int64)
+    return IntervalTables(
+        row_id=np.arange(n_rows, dtype=np.int64),
+        stratum_id=person.case_id[pieces.case[row_piece]].astype(np.int64),
+        time=row_length.astype(np.float64),
+        y=row_events.astype(np.float64),
+        cov_row_id=entry_row,
+        cov_id=entry_drug,
+        cov_value=np.ones(entry_row.size, dtype=np.float64),
+    )
+
+
+def _empty_tables() -> IntervalTables:
+    empty = np.zeros(0, dtype=np.int64)
+    return IntervalTables(empty, empty, empty.astype(np.float64), empty.astype(np.float64), empty, empty,
+                          empty.astype(np.float64))
 
 
 def eras_from_person_data(
@@ -390,116 +668,12 @@ def eras_from_person_data(
     for name, anchor in (("start_anchor", start_anchor), ("end_anchor", end_anchor)):
         if anchor not in RISK_WINDOW_ANCHORS:
             raise ValueError(f"{name} must be 'exposure_start' or 'exposure_end', not {anchor!r}")
-    case_id = np.asarray(case_id)
-    obs_start = np.asarray(observation_start, dtype=np.int64)
-    obs_end = np.asarray(observation_end, dtype=np.int64)
-    if _sorted_unique(case_id).size != case_id.size:
-        raise ValueError("case_id must be unique (one observation period per case)")
-    if np.any(obs_end < obs_start):
-        raise ValueError("observation_end must not precede observation_start")
-    exposure_start = np.asarray(exposure_start, dtype=np.int64)
-    exposure_end = np.asarray(exposure_end, dtype=np.int64)
-    if np.any(exposure_end < exposure_start):
-        raise ValueError("exposure_end must not precede exposure_start")
-    event_day = np.asarray(event_day, dtype=np.int64)
-    exposure_drug = np.asarray(exposure_drug, dtype=np.int64)
-    case_order = np.argsort(case_id, kind="stable")
-    sorted_ids = case_id[case_order]
-    event_owner = _index_of_cases("event_case", np.asarray(event_case), sorted_ids, case_order)
-    window_owner = _index_of_cases("exposure_case", np.asarray(exposure_case), sorted_ids, case_order)
-    n_cases = int(case_id.size)
-    if n_cases == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return IntervalTables(empty, empty, empty.astype(np.float64), empty.astype(np.float64), empty, empty,
-                              empty.astype(np.float64))
-
-    # Risk windows clipped to the observation period; empty ones dropped.
-    first_day = exposure_start if start_anchor == "exposure_start" else exposure_end
-    last_day = exposure_end if end_anchor == "exposure_end" else exposure_start
-    window_start = np.maximum(first_day + risk_window_start, obs_start[window_owner])
-    window_end = np.minimum(last_day + risk_window_end, obs_end[window_owner])
-    keep = window_start <= window_end
-    window_owner, window_start, window_end = window_owner[keep], window_start[keep], window_end[keep]
-    drug_ids, window_rank = np.unique(exposure_drug[keep], return_inverse=True)
-    window_rank = window_rank.astype(np.int64)
-
-    # Cuts keyed by (case, day): every case has its observation start and, last, the day after its end.
-    base = int(obs_start.min())
-    span = int(obs_end.max()) + 2 - base
-    if n_cases * span >= 2**62:
-        raise ValueError("observation periods cover too many days for the era builder")
-
-    def key(case: np.ndarray, day: np.ndarray) -> np.ndarray:
-        return case * span + (day - base)
-
-    cases = np.arange(n_cases, dtype=np.int64)
-    n_windows = window_owner.size
-    all_keys = np.concatenate([
-        key(cases, obs_start), key(cases, obs_end + 1), key(window_owner, window_start),
-        key(window_owner, window_end + 1),
-    ])
-    # One sort gives the distinct cuts and the rank (cut position) of every key.
-    order = np.argsort(all_keys)
-    sorted_keys = all_keys[order]
-    is_new = np.ones(sorted_keys.size, dtype=bool)
-    is_new[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    cut_key = sorted_keys[is_new]
-    rank = np.empty(sorted_keys.size, dtype=np.int64)
-    rank[order] = np.cumsum(is_new) - 1
-    cut_case = cut_key // span
-    cut_day = cut_key % span + base
-    # Piece p starts at every cut but each case's last; p = (cut position) - (case number).
-    is_piece = np.zeros(cut_key.size, dtype=bool)
-    is_piece[:-1] = cut_case[1:] == cut_case[:-1]
-    piece_case = cut_case[is_piece]
-    piece_length = (cut_day[1:] - cut_day[:-1])[is_piece[:-1]]
-    n_pieces = piece_case.size
-
-    # (piece, drug) pairs: window w covers pieces [piece of its start, piece of the day after its end).
-    first_piece = rank[2 * n_cases:2 * n_cases + n_windows] - window_owner
-    stop_piece = rank[2 * n_cases + n_windows:] - window_owner
-    covered = stop_piece - first_piece
-    offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(covered)])
-    owner = np.repeat(np.arange(n_windows), covered)
-    pair_piece = first_piece[owner] + np.arange(int(offsets[-1]), dtype=np.int64) - offsets[:-1][owner]
-    n_ranks = max(int(drug_ids.size), 1)
-    if n_pieces * n_ranks >= 2**63:
-        raise ValueError("too many (era, drug) combinations for the era builder")
-    pair_key = _sorted_unique(pair_piece * n_ranks + window_rank[owner])  # merges overlapping windows of a drug
-    pair_piece, pair_rank = pair_key // n_ranks, pair_key % n_ranks
-    set_size = np.bincount(pair_piece, minlength=n_pieces).astype(np.int64)
-    pair_ptr = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(set_size)])
-
-    # Events inside their case's observation period, counted per piece.
-    inside = (event_day >= obs_start[event_owner]) & (event_day <= obs_end[event_owner])
-    event_owner, event_day = event_owner[inside], event_day[inside]
-    event_key = np.sort(key(event_owner, event_day))  # sorted queries: only the counts matter
-    event_cut = np.searchsorted(cut_key, event_key, side="right") - 1
-    piece_events = np.bincount(event_cut - cut_case[event_cut], minlength=n_pieces)
-
-    # Merge pieces of equal (case, drug set) into eras, numbered by first occurrence.
-    group_of_piece, group_first_piece = _group_equal_sets(piece_case, set_size, pair_ptr, pair_rank, n_ranks,
-                                                          n_cases)
-    row_of_group = np.empty(group_first_piece.size, dtype=np.int64)
-    row_of_group[np.argsort(group_first_piece)] = np.arange(group_first_piece.size)
-    row_of_piece = row_of_group[group_of_piece]
-    n_rows = group_first_piece.size
-    row_piece = np.sort(group_first_piece)  # the first piece of each row, in row order
-    # Integer sums by bincount: exact in float64 below 2^53 days or events.
-    row_length = np.rint(np.bincount(row_of_piece, weights=piece_length, minlength=n_rows)).astype(np.int64)
-    row_events = np.rint(np.bincount(row_of_piece, weights=piece_events, minlength=n_rows)).astype(np.int64)
-
-    entry_count = set_size[row_piece]
-    entry_offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(entry_count)])
-    entry_row = np.repeat(np.arange(n_rows, dtype=np.int64), entry_count)
-    entry_within = np.arange(int(entry_offsets[-1]), dtype=np.int64) - entry_offsets[:-1][entry_row]
-    entry_drug = drug_ids[pair_rank[pair_ptr[row_piece][entry_row] + entry_within]].astype(np.int64)
-    return IntervalTables(
-        row_id=np.arange(n_rows, dtype=np.int64),
-        stratum_id=case_id[piece_case[row_piece]].astype(np.int64),
-        time=row_length.astype(np.float64),
-        y=row_events.astype(np.float64),
-        cov_row_id=entry_row,
-        cov_id=entry_drug,
-        cov_value=np.ones(entry_row.size, dtype=np.float64),
-    )
+    person = _person_data(case_id, observation_start, observation_end, event_case, event_day, exposure_case,
+                          exposure_drug, exposure_start, exposure_end)
+    if person.n_cases == 0:
+        return _empty_tables()
+    windows = _risk_windows(person, risk_window_start, risk_window_end, start_anchor, end_anchor)
+    pieces = _cut_pieces(person, windows)
+    n_ranks = max(int(windows.drug_ids.size), 1)
+    sets = _drug_sets(pieces, windows, n_ranks)
+    return _era_tables(person, pieces, sets, windows.drug_ids, _events_per_piece(person, pieces), n_ranks)

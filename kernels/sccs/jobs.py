@@ -1,35 +1,45 @@
-"""The ``sccs_fit`` job kind: Bayesian self-controlled case series with optional CV and bootstrap."""
+"""The SCCS job kinds: ``sccs_fit`` (Bayesian self-controlled case series on the Cyclops interval tables: the
+MAP fit, optional cross-validation of the prior variance and case-bootstrap intervals) and ``sccs_eras``
+(person-level observation periods, events and exposures to those tables). Model and conventions:
+``docs/sccs.md``.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 import pandas as pd
 
-from kernels.backend import device_label, get_namespace, is_gpu
-from kernels.progress import Progress
-from kernels.registry import JobKind
+from kernels import cuda
+from kernels.backend import is_numpy
+from kernels.context import RunContext, local_context
+from kernels.registry import JobKind, KindExample
 from kernels.sccs import bootstrap as boot
-from kernels.sccs import ccd
+from kernels.sccs import ccd, gpu, synthetic, transfer
 from kernels.sccs import cv as crossval
-from kernels.sccs.data import BuiltData, build_from_tables, eras_from_person_data
+from kernels.sccs.data import BuiltData, SccsData, build_from_tables, eras_from_person_data
 from kernels.sccs.model import Prior
 from kernels.sccs.spec import (
+    BootstrapSpec,
     Coefficient,
+    CrossValidationSpec,
     CvPoint,
     SccsErasParams,
     SccsErasResult,
     SccsParams,
     SccsResult,
 )
-from kernels.timing import StageTimer
 
 # Share of the GPU's free memory a bootstrap batch may take.
 _GPU_MEMORY_SHARE = 0.6
+# Bootstrap refits per batch on NumPy (one after another there; the batch only sets the progress steps).
+_NUMPY_BOOTSTRAP_CHUNK = 10
 
+
+# -- the uploaded tables ---------------------------------------------------------------------------------
 
 def _column(frame: pd.DataFrame, table: str, name: str, integer: bool) -> np.ndarray:
     if name not in frame.columns:
@@ -37,33 +47,37 @@ def _column(frame: pd.DataFrame, table: str, name: str, integer: bool) -> np.nda
     values = frame[name].to_numpy()
     if values.dtype == object or values.dtype.kind not in "iufb":
         raise ValueError(f"{table}.{name} must be numeric, got dtype {values.dtype}")
-    if pd.isna(values).any():
+    if values.dtype.kind == "f" and pd.isna(values).any():  # integer and boolean arrays hold no missing values
         raise ValueError(f"{table}.{name} has missing values")
     if integer:
-        if values.dtype.kind == "f":
-            if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
-                raise ValueError(f"{table}.{name} must hold integers")
-            return values.astype(np.int64)
-        return values.astype(np.int64)
-    return values.astype(np.float64)
+        floats = values.dtype.kind == "f"
+        if floats and (not np.all(np.isfinite(values)) or np.any(values != np.round(values))):
+            raise ValueError(f"{table}.{name} must hold integers")
+        return values.astype(np.int64, copy=False)
+    return values.astype(np.float64, copy=False)
 
 
-def load_tables(outcomes: pd.DataFrame, covariates: pd.DataFrame) -> BuiltData:
-    """Validate the uploaded Cyclops tables and build the analysis data on the host."""
+def table_columns(outcomes: pd.DataFrame, covariates: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The Cyclops tables' columns as NumPy arrays (``covariateValue`` defaults to 1)."""
     cov_value = (
         _column(covariates, "covariates", "covariateValue", integer=False)
         if "covariateValue" in covariates.columns
         else np.ones(len(covariates))
     )
-    return build_from_tables(
-        row_id=_column(outcomes, "outcomes", "rowId", integer=True),
-        stratum_id=_column(outcomes, "outcomes", "stratumId", integer=True),
-        time=_column(outcomes, "outcomes", "time", integer=False),
-        y=_column(outcomes, "outcomes", "y", integer=False),
-        cov_row_id=_column(covariates, "covariates", "rowId", integer=True),
-        cov_id=_column(covariates, "covariates", "covariateId", integer=True),
-        cov_value=cov_value,
-    )
+    return {
+        "row_id": _column(outcomes, "outcomes", "rowId", integer=True),
+        "stratum_id": _column(outcomes, "outcomes", "stratumId", integer=True),
+        "time": _column(outcomes, "outcomes", "time", integer=False),
+        "y": _column(outcomes, "outcomes", "y", integer=False),
+        "cov_row_id": _column(covariates, "covariates", "rowId", integer=True),
+        "cov_id": _column(covariates, "covariates", "covariateId", integer=True),
+        "cov_value": cov_value,
+    }
+
+
+def load_tables(outcomes: pd.DataFrame, covariates: pd.DataFrame, xp: ModuleType = np) -> BuiltData:
+    """Validate the uploaded Cyclops tables and build the analysis data with ``xp`` (on its device)."""
+    return build_from_tables(**table_columns(outcomes, covariates), xp=xp)
 
 
 def _names(frame: pd.DataFrame | None, covariate_ids: np.ndarray) -> list[str | None]:
@@ -90,134 +104,193 @@ def _prior(params: SccsParams, covariate_ids: np.ndarray) -> Prior:
     return Prior(params.prior.type, params.prior.variance, penalised)
 
 
-def _relative_incidence(estimate: float) -> float:
-    return math.exp(estimate) if estimate < 700 else math.inf
+@dataclass(frozen=True)
+class _FitInputs:
+    built: BuiltData
+    names: list[str | None]
+    prior: Prior
+
+    @property
+    def data(self) -> SccsData:
+        return self.built.data
 
 
-def run_fit(params: SccsParams, data: Mapping[str, Any], progress: Progress) -> dict[str, Any]:
-    if params.cross_validation is not None and params.prior.type == "none":
-        raise ValueError("cross_validation needs prior.type normal or laplace (there is no variance to choose)")
-    xp = get_namespace()
-    gpu = is_gpu(xp)
-    timer = StageTimer(xp)
-    progress(0.0, "loading tables")
-    with timer.stage("build"):
-        built = load_tables(data["outcomes_dataset_id"], data["covariates_dataset_id"])
-        names = _names(data.get("names_dataset_id"), built.data.covariate_ids)
-        prior = _prior(params, built.data.covariate_ids)
-        sccs = built.data.to(xp) if gpu else built.data
-    options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, params.precision)
-    cv_spec, boot_spec = params.cross_validation, params.bootstrap
-    variances = cv_spec.variances() if cv_spec is not None else []
-    if cv_spec is not None and cv_spec.folds > sccs.n_cases:
-        raise ValueError(f"cross_validation.folds={cv_spec.folds} exceeds the {sccs.n_cases} cases with events")
-    cv_fits = cv_spec.folds * len(variances) if cv_spec else 0
-    total_fits = cv_fits + 1 + (boot_spec.replicates if boot_spec else 0)
+def _load_inputs(params: SccsParams, ctx: RunContext) -> _FitInputs:
+    """The tables' columns read (host), copied to the job's device, sorted, indexed and checked there; the names
+    and the prior."""
+    with ctx.stage("tables"):
+        columns = table_columns(ctx.dataset("outcomes_dataset_id"), ctx.dataset("covariates_dataset_id"))
+    if not is_numpy(ctx.xp):
+        with ctx.stage("to_device"):
+            columns = {name: transfer.to_device(ctx.xp, values) for name, values in columns.items()}
+    with ctx.stage("build"):
+        built = build_from_tables(**columns, xp=ctx.xp)
+    names = _names(ctx.optional_dataset("names_dataset_id"), built.data.covariate_ids)
+    return _FitInputs(built, names, _prior(params, built.data.covariate_ids))
 
-    def reporter(stage: str, before: int) -> ccd.CycleCallback:
+
+# -- the fits --------------------------------------------------------------------------------------------
+
+class _FitPlan:
+    """The job's fits in order (CV, final, bootstrap): their batch fitters and per-cycle progress."""
+
+    def __init__(self, params: SccsParams, ctx: RunContext, inputs: _FitInputs) -> None:
+        self.ctx, self.data, self.prior = ctx, inputs.data, inputs.prior
+        self.options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, params.precision)
+        cv_spec, boot_spec = params.cross_validation, params.bootstrap
+        if cv_spec is not None and cv_spec.folds > self.data.n_cases:
+            raise ValueError(f"cross_validation.folds={cv_spec.folds} exceeds the {self.data.n_cases} cases with "
+                             "events")
+        self.cv_fits = cv_spec.folds * len(cv_spec.variances()) if cv_spec else 0
+        self.total_fits = self.cv_fits + 1 + (boot_spec.replicates if boot_spec else 0)
+
+    def reporter(self, stage: str, before: int) -> ccd.CycleCallback:
         """Progress after every CCD cycle of every batch (the cancel point: progress may raise)."""
 
         def report(finished: int, cycle: int) -> None:
             done = before + finished
-            progress(min(done / total_fits, 0.99), f"{stage}: {done}/{total_fits} fits done, cycle {cycle}")
+            self.ctx.progress(min(done / self.total_fits, 0.99),
+                              f"{stage}: {done}/{self.total_fits} fits done, cycle {cycle}")
 
         return report
 
-    def fitter(capacity: int) -> ccd.BatchFitter:
-        if gpu:
-            from kernels.sccs import cuda
+    def fitter(self, capacity: int) -> ccd.BatchFitter:
+        """A batch fitter: NumPy fits one by one, or a GPU engine of ``capacity`` replicates (timed as "engine":
+        buffers and the CUDA-graph capture, once per batch size)."""
+        if is_numpy(self.ctx.xp):
+            return ccd.numpy_batch_fitter(self.data, self.prior, self.options)
+        with self.ctx.stage("engine"):
+            return gpu.batch_fitter(self.data, self.prior, self.options, capacity)
 
-            return cuda.batch_fitter(sccs, prior, options, capacity)
-        return ccd.numpy_batch_fitter(sccs, prior, options)
+    def bootstrap_chunk(self, replicates: int) -> int:
+        if is_numpy(self.ctx.xp):
+            return _NUMPY_BOOTSTRAP_CHUNK
+        # Free device memory: the driver's, and the blocks CuPy's pool holds free (the table build leaves some).
+        free_bytes = self.ctx.xp.cuda.Device().mem_info[0] + self.ctx.xp.get_default_memory_pool().free_bytes()
+        return gpu.capacity_for(self.data, self.options.precision, replicates, int(free_bytes * _GPU_MEMORY_SHARE))
 
-    cv_result = None
-    variance = params.prior.variance
-    if cv_spec is not None:
-        with timer.stage("cross_validation"):
-            cv_result = crossval.cross_validate(sccs, fitter(cv_spec.folds), variances, cv_spec.folds, cv_spec.seed,
-                                                reporter("cross-validation", 0))
-        variance = cv_result.chosen_variance
-        progress.save_artifact("cv_predictive_log_likelihood", {
-            "variance": cv_result.variances, "fold_log_likelihood": cv_result.fold_loglik,
-            "iterations": cv_result.iterations, "converged": cv_result.converged,
-            "gradient_norm": cv_result.gradient_norm, "coefficients": cv_result.coefficients,
-            "covariate_id": sccs.covariate_ids,
-        })
-    final_prior = prior.with_variance(variance) if prior.kind != "none" else prior
-    with timer.stage("fit"):
-        result = fitter(1)(np.asarray([variance]), np.ones((1, sccs.n_cases)), np.zeros((1, sccs.n_covariates)),
-                           reporter("fit", cv_fits))[0]
 
-    boot_result = None
-    if boot_spec is not None:
-        chunk = 10
-        if gpu:
-            from kernels.sccs import cuda
+def _cross_validate(plan: _FitPlan, spec: CrossValidationSpec) -> crossval.CvResult:
+    fitter = plan.fitter(spec.folds)
+    with plan.ctx.stage("cross_validation"):
+        result = crossval.cross_validate(plan.data, fitter, spec.variances(), spec.folds, spec.seed,
+                                         plan.reporter("cross-validation", 0))
+    plan.ctx.save_artifact("cv_predictive_log_likelihood", {
+        "variance": result.variances, "fold_log_likelihood": result.fold_loglik,
+        "iterations": result.iterations, "converged": result.converged,
+        "gradient_norm": result.gradient_norm, "coefficients": result.coefficients,
+        "covariate_id": plan.data.covariate_ids,
+    })
+    return result
 
-            free_bytes = xp.cuda.Device().mem_info[0]
-            chunk = cuda.capacity_for(sccs, params.precision, boot_spec.replicates,
-                                      int(free_bytes * _GPU_MEMORY_SHARE))
-        with timer.stage("bootstrap"):
-            boot_result = boot.bootstrap(xp, sccs.n_cases, fitter(chunk), variance, result.beta,
-                                         boot_spec.replicates, boot_spec.seed, chunk,
-                                         reporter("bootstrap", cv_fits + 1))
-        progress.save_artifact("bootstrap_estimates", {
-            "covariate_id": sccs.covariate_ids, "estimates": boot_result.estimates,
-            "iterations": boot_result.iterations, "converged": boot_result.converged,
-            "gradient_norm": boot_result.gradient_norm,
-        })
-    progress.save_artifact("coefficients", pd.DataFrame({
-        "covariateId": sccs.covariate_ids, "estimate": result.beta,
-    }))
 
+def _final_fit(plan: _FitPlan, variance: float) -> ccd.FitResult:
+    fitter = plan.fitter(1)
+    with plan.ctx.stage("fit"):
+        data = plan.data
+        return fitter(np.asarray([variance]), np.ones((1, data.n_cases)), np.zeros((1, data.n_covariates)),
+                      plan.reporter("fit", plan.cv_fits))[0]
+
+
+def _bootstrap(plan: _FitPlan, spec: BootstrapSpec, variance: float, beta_hat: np.ndarray) -> boot.BootstrapResult:
+    chunk = plan.bootstrap_chunk(spec.replicates)
+    fitter = plan.fitter(chunk)
+    with plan.ctx.stage("bootstrap"):
+        result = boot.bootstrap(plan.ctx.xp, plan.data.n_cases, fitter, variance, beta_hat, spec.replicates,
+                                spec.seed, chunk, plan.reporter("bootstrap", plan.cv_fits + 1))
+    plan.ctx.save_artifact("bootstrap_estimates", {
+        "covariate_id": plan.data.covariate_ids, "estimates": result.estimates,
+        "iterations": result.iterations, "converged": result.converged,
+        "gradient_norm": result.gradient_norm,
+    })
+    return result
+
+
+# -- the result ------------------------------------------------------------------------------------------
+
+def _relative_incidence(estimate: float) -> float:
+    return math.exp(estimate) if estimate < 700 else math.inf
+
+
+def _coefficients(inputs: _FitInputs, beta: np.ndarray, boot_result: boot.BootstrapResult | None) -> list[Coefficient]:
+    laplace = inputs.prior.kind == "laplace"
     coefficients = []
-    for j, covariate_id in enumerate(sccs.covariate_ids.tolist()):
-        estimate = float(result.beta[j])
+    for j, covariate_id in enumerate(inputs.data.covariate_ids.tolist()):
+        estimate = float(beta[j])
         coefficients.append(Coefficient(
             covariate_id=int(covariate_id),
-            name=names[j],
+            name=inputs.names[j],
             estimate=estimate,
             relative_incidence=_relative_incidence(estimate),
             ci_lower=float(boot_result.ci_lower[j]) if boot_result else None,
             ci_upper=float(boot_result.ci_upper[j]) if boot_result else None,
-            nonzero_share=float(boot_result.nonzero_share[j]) if boot_result and prior.kind == "laplace" else None,
+            nonzero_share=float(boot_result.nonzero_share[j]) if boot_result and laplace else None,
         ))
-    cv_curve = None
-    if cv_result is not None:
-        cv_curve = [
-            CvPoint(variance=float(v), predictive_log_likelihood=float(cv_result.mean_loglik[i]),
-                    fold_predictive_log_likelihood=cv_result.fold_loglik[:, i].tolist(),
-                    fold_iterations=cv_result.iterations[:, i].tolist(),
-                    non_converged_folds=int(np.sum(~cv_result.converged[:, i])))
-            for i, v in enumerate(cv_result.variances.tolist())
-        ]
-    progress(1.0, "done")
+    return coefficients
+
+
+def _cv_curve(cv_result: crossval.CvResult) -> list[CvPoint]:
+    return [
+        CvPoint(variance=float(v), predictive_log_likelihood=float(cv_result.mean_loglik[i]),
+                fold_predictive_log_likelihood=cv_result.fold_loglik[:, i].tolist(),
+                fold_iterations=cv_result.iterations[:, i].tolist(),
+                non_converged_folds=int(np.sum(~cv_result.converged[:, i])))
+        for i, v in enumerate(cv_result.variances.tolist())
+    ]
+
+
+def _fit_result(
+    params: SccsParams, inputs: _FitInputs, variance: float, result: ccd.FitResult,
+    cv_result: crossval.CvResult | None, boot_result: boot.BootstrapResult | None,
+) -> SccsResult:
+    data, prior = inputs.data, inputs.prior
+    cv_spec, boot_spec = params.cross_validation, params.bootstrap
     return SccsResult(
-        coefficients=coefficients,
+        coefficients=_coefficients(inputs, result.beta, boot_result),
         log_likelihood=result.log_likelihood,
         log_posterior=result.log_posterior,
         variance=None if prior.kind == "none" else float(variance),
-        cv_curve=cv_curve,
+        cv_curve=_cv_curve(cv_result) if cv_result is not None else None,
         iterations=result.iterations,
         converged=result.converged,
         gradient_norm=result.gradient_norm,
         convergence_criterion=result.criterion,
-        prior_type=final_prior.kind,
+        prior_type=prior.kind,
         precision=params.precision,
-        n_cases=sccs.n_cases,
-        n_eras=sccs.n_eras,
-        n_covariates=sccs.n_covariates,
+        n_cases=data.n_cases,
+        n_eras=data.n_eras,
+        n_covariates=data.n_covariates,
         nonzero_coefficients=int(np.count_nonzero(result.beta)),
-        dropped_cases=built.dropped_cases,
+        dropped_cases=inputs.built.dropped_cases,
         cv_folds=cv_spec.folds if cv_spec else None,
         cv_seed=cv_spec.seed if cv_spec else None,
         bootstrap_replicates=boot_spec.replicates if boot_spec else None,
         bootstrap_seed=boot_spec.seed if boot_spec else None,
         bootstrap_converged=int(boot_result.converged.sum()) if boot_result else None,
-        device=device_label(xp),
-        timings=timer.as_dict(),
-    ).model_dump(mode="json")
+    )
 
+
+def run_fit(params: SccsParams, ctx: RunContext) -> SccsResult:
+    """The ``sccs_fit`` job: CV of the prior variance (optional), the MAP fit, the case bootstrap (optional)."""
+    if params.cross_validation is not None and params.prior.type == "none":
+        raise ValueError("cross_validation needs prior.type normal or laplace (there is no variance to choose)")
+    ctx.progress(0.0, "loading tables")
+    inputs = _load_inputs(params, ctx)
+    plan = _FitPlan(params, ctx, inputs)
+    cv_result = None
+    variance = params.prior.variance
+    if params.cross_validation is not None:
+        cv_result = _cross_validate(plan, params.cross_validation)
+        variance = cv_result.chosen_variance
+    result = _final_fit(plan, variance)
+    boot_result = None
+    if params.bootstrap is not None:
+        boot_result = _bootstrap(plan, params.bootstrap, variance, result.beta)
+    ctx.save_artifact("coefficients", pd.DataFrame({"covariateId": inputs.data.covariate_ids, "estimate": result.beta}))
+    return _fit_result(params, inputs, variance, result, cv_result, boot_result)
+
+
+# -- person-level data to eras ---------------------------------------------------------------------------
 
 def _day_column(frame: pd.DataFrame, table: str, name: str) -> np.ndarray:
     """Integer days; dates (datetime64) become days since 1970-01-01."""
@@ -228,11 +301,20 @@ def _day_column(frame: pd.DataFrame, table: str, name: str) -> np.ndarray:
     return _column(frame, table, name, integer=True)
 
 
-def run_eras(params: SccsErasParams, data: Mapping[str, Any], progress: Progress) -> dict[str, Any]:
-    timer = StageTimer(np)
-    progress(0.0, "building eras")
-    cases, events, exposures = (data["cases_dataset_id"], data["events_dataset_id"], data["exposures_dataset_id"])
-    with timer.stage("eras"):
+def _events_inside(case_id: np.ndarray, obs_start: np.ndarray, obs_end: np.ndarray, event_case: np.ndarray,
+                   event_day: np.ndarray) -> int:
+    """How many events fall inside their case's observation period."""
+    position = pd.Series(np.arange(case_id.size), index=case_id)
+    owner = position.loc[event_case].to_numpy() if event_case.size else np.zeros(0, dtype=np.int64)
+    return int(np.sum((event_day >= obs_start[owner]) & (event_day <= obs_end[owner])))
+
+
+def run_eras(params: SccsErasParams, ctx: RunContext) -> SccsErasResult:
+    """The ``sccs_eras`` job: the Cyclops tables of person-level data, saved as artifacts, and their counts."""
+    ctx.progress(0.0, "building eras")
+    cases, events, exposures = (ctx.dataset("cases_dataset_id"), ctx.dataset("events_dataset_id"),
+                                ctx.dataset("exposures_dataset_id"))
+    with ctx.stage("eras"):
         obs_start = _day_column(cases, "cases", "observationStart")
         obs_end = _day_column(cases, "cases", "observationEnd")
         case_id = _column(cases, "cases", "caseId", integer=True)
@@ -245,17 +327,14 @@ def run_eras(params: SccsErasParams, data: Mapping[str, Any], progress: Progress
             _day_column(exposures, "exposures", "start"), _day_column(exposures, "exposures", "end"),
             params.risk_window_start, params.risk_window_end, params.end_anchor, params.start_anchor,
         )
-    position = pd.Series(np.arange(case_id.size), index=case_id)
-    owner = position.loc[event_case].to_numpy() if event_case.size else np.zeros(0, dtype=np.int64)
-    inside = int(np.sum((event_day >= obs_start[owner]) & (event_day <= obs_end[owner])))
-    progress.save_artifact("outcomes", pd.DataFrame({
+    inside = _events_inside(case_id, obs_start, obs_end, event_case, event_day)
+    ctx.save_artifact("outcomes", pd.DataFrame({
         "rowId": tables.row_id, "stratumId": tables.stratum_id, "time": tables.time, "y": tables.y.astype(np.int64),
     }))
-    progress.save_artifact("covariates", pd.DataFrame({
+    ctx.save_artifact("covariates", pd.DataFrame({
         "rowId": tables.cov_row_id, "covariateId": tables.cov_id, "covariateValue": tables.cov_value,
     }))
     events_per_case = np.bincount(np.unique(tables.stratum_id, return_inverse=True)[1], weights=tables.y)
-    progress(1.0, "done")
     return SccsErasResult(
         n_cases=int(case_id.size),
         n_cases_with_events=int(np.sum(events_per_case > 0)),
@@ -264,42 +343,120 @@ def run_eras(params: SccsErasParams, data: Mapping[str, Any], progress: Progress
         n_drugs=int(np.unique(tables.cov_id).size),
         events_in_observation=inside,
         events_outside_observation=int(event_case.size - inside),
-        device="cpu",
-        timings=timer.as_dict(),
-    ).model_dump(mode="json")
+    )
+
+
+# -- examples and the GPU warm-up ------------------------------------------------------------------------
+
+def cyclops_frames(n_cases: int, n_drugs: int, seed: int, names: bool = False) -> dict[str, pd.DataFrame]:
+    """Synthetic Cyclops tables (:mod:`kernels.sccs.synthetic`) as the ``sccs_fit`` datasets."""
+    tables = synthetic.to_tables(synthetic.generate(np, n_cases=n_cases, n_drugs=n_drugs, seed=seed).data)
+    frames = {
+        "outcomes_dataset_id": pd.DataFrame(
+            {"rowId": tables.row_id, "stratumId": tables.stratum_id, "time": tables.time, "y": tables.y}
+        ),
+        "covariates_dataset_id": pd.DataFrame(
+            {"rowId": tables.cov_row_id, "covariateId": tables.cov_id, "covariateValue": tables.cov_value}
+        ),
+    }
+    if names:
+        ids = np.arange(1, n_drugs + 1)
+        frames["names_dataset_id"] = pd.DataFrame({"covariateId": ids, "covariateName": [f"drug {i}" for i in ids]})
+    return frames
+
+
+def _example_fit_tables() -> dict[str, pd.DataFrame]:
+    return cyclops_frames(n_cases=3_000, n_drugs=40, seed=5, names=True)
+
+
+def _example_person_tables() -> dict[str, pd.DataFrame]:
+    """400 cases observed for 1-2 years, 1-4 events each, 1,200 exposures of 25 drugs (seeded, deterministic)."""
+    generator = np.random.default_rng(2013)
+    n_cases, n_exposures = 400, 1_200
+    case_id = np.arange(1, n_cases + 1)
+    observation_end = generator.integers(365, 731, n_cases)
+    events_per_case = generator.integers(1, 5, n_cases)
+    event_case = np.repeat(case_id, events_per_case)
+    exposure_start = generator.integers(0, 700, n_exposures)
+    return {
+        "cases_dataset_id": pd.DataFrame({"caseId": case_id, "observationStart": np.zeros(n_cases, dtype=np.int64),
+                                          "observationEnd": observation_end}),
+        "events_dataset_id": pd.DataFrame({"caseId": event_case,
+                                           "day": generator.integers(0, 731, event_case.size)}),
+        "exposures_dataset_id": pd.DataFrame({"caseId": generator.integers(1, n_cases + 1, n_exposures),
+                                              "drugId": generator.integers(1, 26, n_exposures),
+                                              "start": exposure_start,
+                                              "end": exposure_start + generator.integers(0, 60, n_exposures)}),
+    }
+
+
+# Tiny sccs_fit jobs that together take every path of a job on the GPU: the table build, engines of one and
+# of several replicates, CV, the final fit and the bootstrap in float64 with the paper's criterion, and a
+# float32 fit with the gradient criterion.
+_WARM_UP_JOBS: tuple[dict, ...] = (
+    {"prior": {"type": "laplace", "variance": 0.5}, "cross_validation": {"folds": 2, "grid": [0.1, 1.0]},
+     "bootstrap": {"replicates": 2}},
+    {"prior": {"type": "normal", "variance": 0.5}, "precision": "float32", "convergence": "gradient",
+     "max_iterations": 5},
+)
+
+
+@cuda.on_warm_up
+def warm_up_fit() -> None:
+    """Pay, at worker start, the one-off device costs a first ``sccs_fit`` job would otherwise pay: the
+    compile (or disk-cache load) of CuPy's own kernels that the table build, the engine build and the fit use
+    (sorts, bincount, cumsum, sparse conversions...), the cuSPARSE handle, the first CUDA-graph capture and
+    the pinned staging buffers of the tables' copy to the device (the ``ccd.cu`` variants are compiled by
+    :func:`kernels.cuda.warm_up` itself). Runs tiny jobs on the GPU."""
+    frames = cyclops_frames(n_cases=200, n_drugs=6, seed=1)
+    for job in _WARM_UP_JOBS:
+        params = SccsParams.model_validate({"outcomes_dataset_id": "o", "covariates_dataset_id": "c", **job})
+        ctx = local_context("gpu", datasets=frames)
+        run_fit(params, ctx)
+        transfer.reserve(ctx.xp)  # once per device: the staging ring is kept
 
 
 KINDS = [
     JobKind(
         name="sccs_fit",
         params_model=SccsParams,
+        result_model=SccsResult,
         run=run_fit,
         dataset_fields=("outcomes_dataset_id", "covariates_dataset_id", "names_dataset_id"),
         summary="Bayesian self-controlled case series (Cyclops tables): CCD MAP fit, CV of the prior variance, "
         "bootstrap intervals",
-        example={
-            "outcomes_dataset_id": "<outcomes dataset id>",
-            "covariates_dataset_id": "<covariates dataset id>",
-            "prior": {"type": "laplace", "variance": 0.1, "exclude": []},
-            "cross_validation": {"folds": 10, "grid": "auto"},
-            "bootstrap": {"replicates": 200},
-        },
+        example=KindExample(
+            {
+                "outcomes_dataset_id": "<outcomes dataset id>",
+                "covariates_dataset_id": "<covariates dataset id>",
+                "names_dataset_id": "<names dataset id>",
+                "prior": {"type": "laplace", "variance": 0.5, "exclude": []},
+                "cross_validation": {"folds": 5, "grid": [0.01, 0.1, 1.0], "seed": 1},
+                "bootstrap": {"replicates": 20, "seed": 2},
+            },
+            datasets=_example_fit_tables,
+        ),
     ),
     JobKind(
         name="sccs_eras",
         params_model=SccsErasParams,
+        result_model=SccsErasResult,
         run=run_eras,
         dataset_fields=("cases_dataset_id", "events_dataset_id", "exposures_dataset_id"),
         summary="Person-level observation periods, events and exposures → the SCCS interval tables "
         "(outcomes, covariates) as artifacts, ready for sccs_fit",
-        example={
-            "cases_dataset_id": "<cases dataset id>",
-            "events_dataset_id": "<events dataset id>",
-            "exposures_dataset_id": "<exposures dataset id>",
-            "risk_window_start": 1,
-            "start_anchor": "exposure_start",
-            "risk_window_end": 30,
-            "end_anchor": "exposure_start",
-        },
+        example=KindExample(
+            {
+                "cases_dataset_id": "<cases dataset id>",
+                "events_dataset_id": "<events dataset id>",
+                "exposures_dataset_id": "<exposures dataset id>",
+                "risk_window_start": 1,
+                "start_anchor": "exposure_start",
+                "risk_window_end": 30,
+                "end_anchor": "exposure_start",
+            },
+            datasets=_example_person_tables,
+        ),
+        host_only=True,
     ),
 ]

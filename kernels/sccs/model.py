@@ -14,14 +14,13 @@ Priors on the penalised coefficients (``exclude`` ones are flat), with variance 
   log p = log(lambda / 2) - lambda |b|;
 * none: the conditional Poisson MLE.
 
-All functions work on NumPy or CuPy arrays (the namespace of ``data``).
+All functions work on NumPy or CuPy arrays (the namespace of ``data``). See ``docs/sccs.md``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -53,35 +52,14 @@ class Prior:
         return math.sqrt(2.0 / self.variance)
 
 
-def namespace(data: SccsData) -> ModuleType:
-    if isinstance(data.era_case, np.ndarray):
-        return np
-    import cupy
-
-    return cupy
-
-
-def _sparse(xp: ModuleType) -> ModuleType:
-    if xp is np:
-        import scipy.sparse
-
-        return scipy.sparse
-    import cupyx.scipy.sparse
-
-    return cupyx.scipy.sparse
-
-
 def design_matrix(data: SccsData) -> Any:
-    """``X`` as a (K x J) CSC sparse matrix of the data's namespace."""
-    xp = namespace(data)
-    return _sparse(xp).csc_matrix(
-        (data.col_values, data.col_rows, data.col_ptr), shape=(data.n_eras, data.n_covariates)
-    )
+    """``X`` as a (K x J) CSC sparse matrix of the data's namespace (built once per data set)."""
+    return data.design
 
 
 def linear_predictor(data: SccsData, beta: Any) -> Any:
     """``X b`` (K,)."""
-    xp = namespace(data)
+    xp = data.xp
     beta = xp.asarray(beta, dtype=xp.float64)
     if data.nnz == 0:
         return xp.zeros(data.n_eras, dtype=xp.float64)
@@ -89,7 +67,7 @@ def linear_predictor(data: SccsData, beta: Any) -> Any:
 
 
 def case_weights_or_ones(data: SccsData, case_weights: Any | None) -> Any:
-    xp = namespace(data)
+    xp = data.xp
     if case_weights is None:
         return xp.ones(data.n_cases, dtype=xp.float64)
     weights = xp.asarray(case_weights, dtype=xp.float64)
@@ -100,7 +78,7 @@ def case_weights_or_ones(data: SccsData, case_weights: Any | None) -> Any:
 
 def case_max(data: SccsData, values: Any) -> Any:
     """Per case, the largest of ``values`` over its eras (the shift that keeps log-sum-exp finite)."""
-    xp = namespace(data)
+    xp = data.xp
     top = xp.full(data.n_cases, -xp.inf)
     xp.maximum.at(top, data.era_case, values)
     return top
@@ -108,7 +86,7 @@ def case_max(data: SccsData, values: Any) -> Any:
 
 def _case_terms(data: SccsData, eta: Any) -> tuple[Any, Any, Any, Any]:
     """``log L``, the per-case shift ``m_i``, ``L exp(eta - m)`` per era and its per-case sums ``S_i e^-m_i``."""
-    xp = namespace(data)
+    xp = data.xp
     log_l = xp.log(data.era_length)
     shift = case_max(data, eta + log_l)
     scaled = xp.exp(eta + log_l - shift[data.era_case])
@@ -117,14 +95,14 @@ def _case_terms(data: SccsData, eta: Any) -> tuple[Any, Any, Any, Any]:
 
 
 def _log_likelihood(data: SccsData, eta: Any, weights: Any, log_l: Any, shift: Any, sums: Any) -> float:
-    xp = namespace(data)
+    xp = data.xp
     log_s = xp.log(sums) + shift
     numerator = xp.bincount(data.era_case, weights=data.era_events * (eta + log_l), minlength=data.n_cases)
     return float(xp.sum(weights * (numerator - data.case_events * log_s)))
 
 
 def _gradient(data: SccsData, weights: Any, scaled: Any, sums: Any) -> Any:
-    xp = namespace(data)
+    xp = data.xp
     if data.nnz == 0:
         return xp.zeros(data.n_covariates, dtype=xp.float64)
     residual = weights[data.era_case] * (

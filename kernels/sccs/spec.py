@@ -1,4 +1,4 @@
-"""Parameters and result of the ``sccs_fit`` job kind (names as in issue 4)."""
+"""Parameters and results of the ``sccs_fit`` and ``sccs_eras`` job kinds (names as in issue 4; ``docs/sccs.md``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,12 @@ DEFAULT_BOOTSTRAP_SEED = 20130412
 
 class _Section(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class _Entry(BaseModel):
+    """One entry of a result's list (no device or timings of its own: the result has them)."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class PriorSpec(_Section):
@@ -73,7 +79,7 @@ class SccsParams(JobParams):
     )
 
 
-class Coefficient(ResultModel):
+class Coefficient(_Entry):
     covariate_id: int
     name: str | None
     estimate: float = Field(description="log relative incidence (MAP)")
@@ -83,7 +89,7 @@ class Coefficient(ResultModel):
     nonzero_share: float | None = Field(default=None, description="share of bootstrap replicates with b != 0 (L1)")
 
 
-class CvPoint(ResultModel):
+class CvPoint(_Entry):
     variance: float
     predictive_log_likelihood: float = Field(description="mean over folds of the held-out log-likelihood")
     fold_predictive_log_likelihood: list[float]
@@ -113,8 +119,6 @@ class SccsResult(ResultModel):
     bootstrap_replicates: int | None
     bootstrap_seed: int | None
     bootstrap_converged: int | None = Field(description="bootstrap refits that met the tolerance")
-    device: str
-    timings: dict[str, float]
 
 
 class SccsErasParams(JobParams):
@@ -145,5 +149,3 @@ class SccsErasResult(ResultModel):
     n_drugs: int
     events_in_observation: int
     events_outside_observation: int = Field(description="events before or after their case's observation period")
-    device: str
-    timings: dict[str, float]

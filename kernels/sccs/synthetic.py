@@ -18,15 +18,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 
 from kernels import rng
+from kernels.backend import to_host
 from kernels.sccs.data import IntervalTables, SccsData, from_coo, repeat_by_counts
 
-_STREAM_ERAS, _STREAM_LENGTH, _STREAM_PAIR_CASE, _STREAM_RUN_START = 1, 2, 3, 4
-_STREAM_RUN_LENGTH, _STREAM_EFFECT_ON, _STREAM_EFFECT, _STREAM_EVENTS, _STREAM_EVENT_ERA = 5, 6, 7, 8, 9
+_STREAM_ERAS = rng.STREAMS["SCCS_SYNTHETIC_ERAS"]
+_STREAM_LENGTH = rng.STREAMS["SCCS_SYNTHETIC_LENGTH"]
+_STREAM_PAIR_CASE = rng.STREAMS["SCCS_SYNTHETIC_PAIR_CASE"]
+_STREAM_RUN_START = rng.STREAMS["SCCS_SYNTHETIC_RUN_START"]
+_STREAM_RUN_LENGTH = rng.STREAMS["SCCS_SYNTHETIC_RUN_LENGTH"]
+_STREAM_EFFECT_ON = rng.STREAMS["SCCS_SYNTHETIC_EFFECT_ON"]
+_STREAM_EFFECT = rng.STREAMS["SCCS_SYNTHETIC_EFFECT"]
+_STREAM_EVENTS = rng.STREAMS["SCCS_SYNTHETIC_EVENTS"]
+_STREAM_EVENT_ERA = rng.STREAMS["SCCS_SYNTHETIC_EVENT_ERA"]
 
 
 @dataclass(frozen=True)
@@ -112,24 +119,18 @@ def generate(
 
     data = from_coo(era_case, era_length, era_events, nz_era, nz_drug, xp.ones(nnz, dtype=xp.float64), n_drugs,
                     covariate_ids=np.arange(1, n_drugs + 1, dtype=np.int64))
-    beta_host = true_beta.get() if hasattr(true_beta, "get") else np.asarray(true_beta)
-    return SyntheticSccs(data=data, true_beta=np.asarray(beta_host, dtype=np.float64))
-
-
-def _host(array: Any) -> np.ndarray:
-    get = getattr(array, "get", None)
-    return get() if callable(get) else np.asarray(array)
+    return SyntheticSccs(data=data, true_beta=np.asarray(to_host(true_beta), dtype=np.float64))
 
 
 def to_tables(data: SccsData) -> IntervalTables:
     """The Cyclops interval tables of ``data`` (``rowId`` = era number, ``stratumId`` = case number)."""
-    col_ptr = _host(data.col_ptr)
+    col_ptr = to_host(data.col_ptr)
     return IntervalTables(
         row_id=np.arange(data.n_eras, dtype=np.int64),
-        stratum_id=_host(data.era_case).astype(np.int64),
-        time=_host(data.era_length),
-        y=_host(data.era_events),
-        cov_row_id=_host(data.col_rows).astype(np.int64),
+        stratum_id=to_host(data.era_case).astype(np.int64),
+        time=to_host(data.era_length),
+        y=to_host(data.era_events),
+        cov_row_id=to_host(data.col_rows).astype(np.int64),
         cov_id=np.repeat(data.covariate_ids, np.diff(col_ptr)),
-        cov_value=_host(data.col_values),
+        cov_value=to_host(data.col_values),
     )

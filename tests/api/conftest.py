@@ -14,11 +14,11 @@ from api_helpers import MAX_UPLOAD_BYTES
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from core.settings import get_settings
 from store import db
 from store.db import session_scope
 from store.keys import create_key
 from store.migrate import upgrade_to_head
-from store.settings import get_settings
 from tests import servers
 
 

@@ -16,10 +16,10 @@ from api_helpers import MAX_UPLOAD_BYTES, assert_problem
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from core.settings import get_settings
 from store.datasets import load_frame
 from store.db import session_scope
 from store.models import Dataset
-from store.settings import get_settings
 
 GOOD_CSV = b"y,x,label\n1.5,1,a\n2.5,2,b\n3.0,3,c\n"
 

@@ -217,7 +217,7 @@ def test_auth_disabled_serves_everyone_as_the_local_owner(api_env, monkeypatch) 
     from structlog.testing import capture_logs
 
     from api.app import create_app
-    from store.settings import get_settings
+    from core.settings import get_settings
 
     monkeypatch.setenv("GPUEST_AUTH_ENABLED", "false")
     get_settings.cache_clear()

@@ -3,19 +3,26 @@ and the refusal to start on an un-migrated database."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from api_helpers import assert_problem, montecarlo_spec
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from kernels.registry import registry
+from core.settings import get_settings
+from kernels.registry import registry, result_models
 from store import jobs as job_store
 from store.db import session_scope
 from store.migrate import SchemaNotMigratedError, alembic_config
 from store.models import Job
-from store.settings import get_settings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_healthz(client) -> None:
@@ -130,6 +137,44 @@ def test_openapi_documents_every_kinds_params(client) -> None:
     problem = schema["paths"]["/v1/jobs"]["post"]["responses"]["4XX"]["content"]
     assert "application/problem+json" in problem
     assert client.get("/docs").status_code == 200
+
+
+def test_openapi_types_the_result_as_any_kinds_result_model(client) -> None:
+    schema = client.get("/openapi.json").json()
+    components = schema["components"]["schemas"]
+    result = schema["paths"]["/v1/jobs/{job_id}/result"]["get"]["responses"]["200"]["content"]["application/json"]
+    options = result["schema"].get("anyOf", [result["schema"]])
+    documented = {components[option["$ref"].rsplit("/", 1)[1]]["title"]: option for option in options}
+    expected = {model.model_json_schema()["title"]: model for model in result_models()}
+    assert set(documented) == set(expected) and len(options) == len(expected)
+    for title, model in expected.items():
+        component = components[documented[title]["$ref"].rsplit("/", 1)[1]]
+        assert set(component["properties"]) == set(model.model_fields)
+        assert {"device", "timings"} <= set(component["properties"])  # stamped on every result
+
+
+def test_every_kinds_example_is_valid_and_is_the_documented_one(client) -> None:
+    schema = client.get("/openapi.json").json()
+    body = schema["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    components = schema["components"]["schemas"]
+    for name, kind in registry().items():
+        # As a client sends it: JSON, through the strict params model.
+        kind.params_model.model_validate_json(json.dumps(dict(kind.example.params)))
+        request_model = components[body["discriminator"]["mapping"][name].rsplit("/", 1)[1]]
+        assert request_model["examples"] == [{"kind": name, "params": json.loads(json.dumps(kind.example.params))}]
+
+
+def test_importing_the_app_touches_neither_the_worker_nor_the_broker(api_env, tmp_path) -> None:
+    # A fresh interpreter: this one has imported everything already.
+    probe = (
+        "import sys, api.app, core.queue; "
+        "print(core.queue.celery_app.cache_info().currsize, sorted(name for name in ('celery', 'kombu', 'worker') "
+        "if name in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**os.environ, **api_env},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[-2] == "0 []", done.stdout
 
 
 def test_unexpected_errors_are_500_problems_without_a_traceback(app) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from cli.client import ApiError, GpuestClient
 from cli.serve import embedded_stack, free_port
-from kernels.progress import LocalProgress
+from kernels.context import local_context, run_kind
 from kernels.registry import get_kind
 from tests import servers
 from tests.cli.cli_helpers import LONG_PARAMS, TINY_PARAMS, run_gpuest, sqlite_env
@@ -76,8 +76,7 @@ def test_a_worker_killed_mid_job_is_restarted_and_the_job_succeeds_once(tmp_path
     assert any("exited with code -9" in message for message in messages), messages
     assert stack.worker.restarts == 1
     assert (job["status"], job["attempts"], job["error"]) == ("succeeded", 2, None), job
-    kind = get_kind("crve_montecarlo")
-    undisturbed = kind.run(kind.params_model.model_validate(KILL_PARAMS), {}, LocalProgress())
+    undisturbed = run_kind(get_kind("crve_montecarlo"), KILL_PARAMS, local_context(device="cpu"))
     ignore = {"timings", "device"}
     assert {k: v for k, v in result.items() if k not in ignore} == {
         k: v for k, v in undisturbed.items() if k not in ignore

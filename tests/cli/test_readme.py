@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import AliasChoices
 
 from cli.kinds import kind_rows
-from store.settings import Settings
+from core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

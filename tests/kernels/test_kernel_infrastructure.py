@@ -1,14 +1,18 @@
-"""Backend choice, progress channel, stage timer and registry invariants."""
+"""Backend choice and dispatch, progress channel, stage timer, run context and wrap-up, CUDA loader
+conventions that hold without a GPU, RNG stream registry, and registry invariants."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
-from kernels import backend
+from kernels import backend, context, cuda, rng
 from kernels.progress import JobCancelled, LocalProgress
-from kernels.registry import registry
-from kernels.spec import JobParams
+from kernels.registry import JobKind, KindExample, registry
+from kernels.spec import JobParams, ResultModel
 from kernels.timing import StageTimer
 
 
@@ -59,7 +63,9 @@ def test_every_registered_kind_is_strict_and_bounded() -> None:
     for kind in kinds.values():
         assert issubclass(kind.params_model, JobParams)
         assert kind.params_model.model_config.get("extra") == "forbid"
-        kind.params_model.model_validate(dict(kind.example))
+        assert issubclass(kind.result_model, ResultModel) and kind.result_model is not ResultModel
+        assert {"device", "timings"} <= set(kind.result_model.model_fields)
+        kind.params_model.model_validate(dict(kind.example.params))
         for name in kind.dataset_fields:
             assert name in kind.params_model.model_fields, f"{kind.name}: dataset field {name} is not a param"
 
@@ -85,3 +91,164 @@ def test_every_integer_size_parameter_has_both_bounds() -> None:
     for kind in registry().values():
         schema = kind.params_model.model_json_schema()
         assert _unbounded_integers(schema, schema.get("$defs", {}), kind.name) == []
+
+
+# -- dispatch ------------------------------------------------------------------------------------------
+
+def test_numpy_arrays_and_scalars_live_in_numpy() -> None:
+    assert backend.array_namespace(np.zeros(2), None, 3.0) is np and backend.array_namespace() is np
+    assert backend.is_numpy(np) and backend.device_label(np) == "cpu"
+    host = np.arange(3)
+    assert backend.to_host(host) is host and backend.to_host([1, 2]).tolist() == [1, 2]
+
+
+# -- run context and wrap-up ---------------------------------------------------------------------------
+
+class _EchoParams(JobParams):
+    value: float = 1.0
+
+
+class _EchoResult(ResultModel):
+    doubled: float
+    rows: int | None = None
+
+
+def _echo(params: _EchoParams, ctx: context.RunContext) -> _EchoResult:
+    with ctx.stage("double"):
+        doubled = float(ctx.xp.asarray(params.value) * 2)
+    ctx.progress(0.5, "half")
+    ctx.save_artifact("values", np.arange(3))
+    table = ctx.optional_dataset("table_id")
+    return _EchoResult(doubled=doubled, rows=None if table is None else len(table))
+
+
+def _echo_kind(**overrides: object) -> JobKind:
+    fields = {
+        "name": "echo", "params_model": _EchoParams, "result_model": _EchoResult, "run": _echo,
+        "example": KindExample({"value": 2.0}), "dataset_fields": ("table_id",),
+    }
+    return JobKind(**{**fields, **overrides})  # type: ignore[arg-type]
+
+
+def test_run_kind_validates_runs_reports_done_and_stamps_device_and_timings() -> None:
+    import pandas as pd
+
+    progress = LocalProgress()
+    ctx = context.local_context(device="cpu", datasets={"table_id": pd.DataFrame({"a": [1, 2]})}, progress=progress)
+    result = context.run_kind(_echo_kind(), {"value": 2.5}, ctx)
+    assert result["doubled"] == 5.0 and result["rows"] == 2 and result["device"] == "cpu"
+    assert set(result["timings"]) == {"double", "total"} and result["timings"]["double"] >= 0
+    assert progress.reports == [(0.5, "half"), (1.0, "done")] and list(progress.artifacts) == ["values"]
+    with pytest.raises(ValidationError):
+        context.run_kind(_echo_kind(), {"value": "two"}, context.local_context(device="cpu"))
+
+
+def test_a_runner_returning_another_type_is_refused() -> None:
+    def wrong(params: _EchoParams, ctx: context.RunContext) -> dict:
+        return {"doubled": 1.0}
+
+    with pytest.raises(TypeError, match="not _EchoResult"):
+        context.run_kind(_echo_kind(run=wrong), {}, context.local_context(device="cpu"))
+
+
+def test_a_dataset_the_job_did_not_give_is_a_clear_error() -> None:
+    ctx = context.local_context(device="cpu")
+    assert ctx.optional_dataset("table_id") is None and not ctx.has_dataset("table_id")
+    with pytest.raises(context.MissingDatasetError, match="table_id: no dataset"):
+        ctx.dataset("table_id")
+
+
+def test_datasets_are_loaded_once_and_only_when_asked() -> None:
+    import pandas as pd
+
+    loads: list[str] = []
+
+    def load(field: str) -> pd.DataFrame:
+        loads.append(field)
+        return pd.DataFrame({"a": [1]})
+
+    ctx = context.RunContext(np, LocalProgress(), load, ("table_id", "other_id"))
+    assert loads == []
+    ctx.dataset("table_id")
+    ctx.dataset("table_id")
+    assert loads == ["table_id"]
+
+
+def test_host_only_kinds_run_on_numpy_whatever_the_device_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUEST_DEVICE", "auto")
+    assert context.namespace_for(_echo_kind(host_only=True), "gpu") is np
+    monkeypatch.setenv("GPUEST_DEVICE", "cpu")
+    assert context.namespace_for(_echo_kind()) is np
+
+
+def test_cancel_at_the_final_report_still_cancels() -> None:
+    progress = LocalProgress()
+    progress.cancel()
+
+    def quiet(params: _EchoParams, ctx: context.RunContext) -> _EchoResult:
+        return _EchoResult(doubled=0.0)
+
+    with pytest.raises(JobCancelled):
+        context.run_kind(_echo_kind(run=quiet), {}, context.local_context(device="cpu", progress=progress))
+
+
+# -- CUDA loader conventions (no GPU needed) -------------------------------------------------------------
+
+def test_every_declared_source_exists_and_compiles_with_one_standard_and_its_defines() -> None:
+    registry()  # imports every kernel module, so every source is declared
+    sources = cuda.declared_sources()
+    assert sources, "no CUDA source declared"
+    for source in sources:
+        assert source.path.suffix == ".cu" and source.path.is_file()
+        text = source.text()
+        for header in source.headers:
+            assert (cuda.KERNELS_DIR / header).read_text() in text
+        for defines in source.warm_up_defines or ((),):
+            options = cuda.compile_options(source, dict(defines))
+            assert options[0] == cuda.CXX_STANDARD
+            assert sum(option.startswith(("-std", "--std")) for option in options) == 1
+            assert all(f"-D{name}={value}" in options for name, value in defines)
+            assert source.uses_rng() == any(o.startswith("-DGPUEST_STREAM_") for o in options)
+
+
+def test_defines_are_written_so_the_device_reads_the_same_values() -> None:
+    source = cuda.kernel_source(__file__, "rng_draw.cu", headers=[cuda.PHILOX_HEADER])
+    options = cuda.compile_options(source, {"TOL": 0.1, "FLAG": True, "K": 7, "REAL": "double"})
+    assert {"-DTOL=0.1", "-DFLAG=1", "-DK=7", "-DREAL=double"} <= set(options)
+    assert cuda.real_define(np.float32) == {"REAL": "float"} and cuda.real_define("float64") == {"REAL": "double"}
+    with pytest.raises(ValueError, match="float32 or float64"):
+        cuda.real_define(np.int32)
+
+
+def test_a_missing_source_or_header_is_refused_at_declaration() -> None:
+    with pytest.raises(FileNotFoundError):
+        cuda.kernel_source(cuda.__file__, "no_such_kernel.cu")
+    with pytest.raises(FileNotFoundError):
+        cuda.kernel_source(__file__, "rng_draw.cu", headers=["no_such_header.cuh"])
+
+
+def test_only_the_loader_compiles() -> None:
+    root = Path(__file__).resolve().parents[2]
+    offenders = []
+    for path in [*root.glob("kernels/**/*.py"), *root.glob("bench/*.py"), *root.glob("worker/**/*.py")]:
+        if path.name == "cuda.py" and path.parent.name == "kernels":
+            continue
+        text = path.read_text()
+        for construct in ("RawModule(", "RawKernel(", "ElementwiseKernel(", "ReductionKernel(", "compile_with_cache"):
+            if construct in text:
+                offenders.append(f"{path.relative_to(root)}: {construct}")
+    assert offenders == []
+
+
+# -- RNG streams ---------------------------------------------------------------------------------------
+
+def test_stream_numbers_are_fixed_and_reach_cuda_as_unsigned_literals() -> None:
+    # The numbers are part of every stored job's draws: this table may only grow.
+    fixed = {"CRVE_MC_X_CLUSTER": 1, "CRVE_WEIGHTS": 5, "CRVE_SYNTHETIC_FE": 15, "SCCS_CV_FOLDS": 0x5CC50001,
+             "SCCS_BOOTSTRAP": 0x5CC50002, "SCCS_ERAS_CASE_HASH": 0x5CC50004, "KS_AGGREGATE": 1,
+             "KS_TEST_IDIOSYNCRATIC": 12, "SCCS_SYNTHETIC_EVENT_ERA": 9}
+    assert {name: rng.STREAMS[name] for name in fixed} == fixed
+    defines = rng.cuda_defines()
+    assert defines["GPUEST_STREAM_CRVE_WEIGHTS"] == "5ull" and len(defines) == len(rng.STREAMS)
+    with pytest.raises(TypeError):
+        rng.STREAMS["NEW"] = 99  # type: ignore[index]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import rng
+from kernels import cuda, rng
 
 pytestmark = pytest.mark.gpu
+
+_DRAW_SOURCE = cuda.kernel_source(__file__, "rng_draw.cu", headers=[cuda.PHILOX_HEADER])
 
 
 def test_cupy_array_path_matches_numpy() -> None:
@@ -27,21 +29,7 @@ def test_cupy_array_path_matches_numpy() -> None:
 def test_cuda_device_functions_match_numpy() -> None:
     import cupy
 
-    kernel = cupy.RawKernel(
-        rng.PHILOX_CUDA_SOURCE
-        + r"""
-extern "C" __global__ void draw(unsigned long long seed, unsigned long long stream,
-                                const unsigned long long* index, int n, double* u, double* z, double* s) {
-    int i = blockDim.x * blockIdx.x + threadIdx.x;
-    if (i < n) {
-        u[i] = gpuest_uniform(seed, stream, index[i]);
-        z[i] = gpuest_normal(seed, stream, index[i]);
-        s[i] = gpuest_rademacher(seed, stream, index[i]);
-    }
-}
-""",
-        "draw",
-    )
+    kernel = cuda.function(_DRAW_SOURCE, "draw")
     n = 100_003
     index = np.random.default_rng().integers(0, 2**62, size=n, dtype=np.uint64)
     seed, stream = 987654321987, 5
@@ -53,3 +41,12 @@ extern "C" __global__ void draw(unsigned long long seed, unsigned long long stre
     assert np.array_equal(uniform, rng.uniform(np, seed, stream, index))
     assert np.array_equal(sign, rng.rademacher(np, seed, stream, index))
     assert np.max(np.abs(normal - rng.normal(np, seed, stream, index))) < 1e-13
+
+
+def test_registered_streams_reach_cuda_as_defines() -> None:
+    import cupy
+
+    out = cupy.zeros(3, dtype=cupy.uint64)
+    cuda.function(_DRAW_SOURCE, "stream_numbers")((1,), (1,), (out,))
+    expected = [rng.STREAMS[name] for name in ("CRVE_WEIGHTS", "SCCS_BOOTSTRAP", "KS_TEST_IDIOSYNCRATIC")]
+    assert out.get().tolist() == expected

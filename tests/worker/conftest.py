@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from core.settings import get_settings
 from store import db
 from store.migrate import upgrade_to_head
-from store.settings import get_settings
 from tests import servers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ class WorkerProcess:
                 "-m",
                 "celery",
                 "-A",
-                "worker.celery_app:celery_app",
+                "worker.tasks:celery_app",
                 "worker",
                 "-Q",
                 env["GPUEST_QUEUE"],

@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from kernels.progress import LocalProgress
+from core.queue import broker_connection, send
+from core.settings import get_settings
+from core.status import TERMINAL_STATUSES
+from kernels.context import local_context, run_kind
 from kernels.registry import get_kind
 from store import jobs as job_store
 from store.db import session_scope
 from store.models import Job, utcnow
-from store.settings import get_settings
 from tests.worker.conftest import wait_for
-from worker.dispatch import enqueue_job
 from worker.tasks import execute_job, reap_once
 
 SMALL = {"n_clusters": 20, "cluster_size": 10, "n_regressors": 3, "replications": 200, "seed": 11}
@@ -43,8 +44,7 @@ def load(job_id: str) -> Job:
 
 
 def reference_result(params: dict[str, Any]) -> dict[str, Any]:
-    kind = get_kind("crve_montecarlo")
-    return kind.run(kind.params_model.model_validate(params), {}, LocalProgress())
+    return run_kind(get_kind("crve_montecarlo"), params, local_context(device="cpu"))
 
 
 def comparable(result: dict[str, Any]) -> dict[str, Any]:
@@ -57,7 +57,10 @@ def test_job_runs_to_success_with_device_and_timings(stack_env: dict[str, str]) 
     job = load(job_id)
     assert (job.status, job.progress, job.attempts, job.device) == ("succeeded", 1.0, 1, "cpu")
     assert job.result is not None and comparable(job.result) == comparable(reference_result(SMALL))
-    assert job.timings["run"] > 0 and job.timings["queue_wait"] >= 0 and "total" in job.timings["stages"]
+    assert job.result["device"] == "cpu" and "total" in job.result["timings"]
+    # The worker's own seconds only: the per-stage timings live once, in the result.
+    assert set(job.timings) == {"queue_wait", "run"}
+    assert job.timings["run"] > 0 and job.timings["queue_wait"] >= 0
     assert job.started_at is not None and job.finished_at is not None
 
 
@@ -82,8 +85,8 @@ def test_kernel_error_fails_the_job_with_a_readable_reason(
     # refuses is the kernel's business; what the worker does with the exception is this test's).
     real = get_kind("crve_montecarlo")
 
-    def failing_run(params: Any, data: Any, progress: Any) -> dict[str, Any]:
-        progress(0.0, "starting the kernel")
+    def failing_run(params: Any, ctx: Any) -> Any:
+        ctx.progress(0.0, "starting the kernel")
         raise raised
 
     monkeypatch.setattr("worker.tasks.get_kind", lambda name: dataclasses.replace(real, run=failing_run))
@@ -147,12 +150,7 @@ def test_reaper_requeues_a_silent_job_then_fails_it_when_attempts_are_spent(stac
 
 
 def _messages_waiting(queue: str) -> int:
-    from kombu import Connection
-
-    from worker.celery_app import transport_options
-
-    settings = get_settings()
-    with Connection(settings.resolved_broker_url(), transport_options=transport_options(settings)) as connection:
+    with broker_connection() as connection:
         return int(connection.default_channel.queue_declare(queue=queue, durable=True).message_count)
 
 
@@ -218,13 +216,13 @@ def test_worker_killed_mid_job_is_recovered_exactly_once(stack_env: dict[str, st
     expected = comparable(reference_result(LONG))
     first = start_worker()
     job_id = submit(LONG)
-    enqueue_job(job_id)
+    send(job_id)
     wait_for(lambda: load(job_id).status == "running" and load(job_id).progress > 0, 60, "the job to run")
     first.kill_hard()
     assert load(job_id).status == "running"
 
     second = start_worker()
-    wait_for(lambda: load(job_id).status in job_store.TERMINAL_STATUSES, 120, "the rescued job to finish")
+    wait_for(lambda: load(job_id).status in TERMINAL_STATUSES, 120, "the rescued job to finish")
     job = load(job_id)
     assert job.status == "succeeded", second.output()[-3000:]
     assert job.attempts == 2 and job.worker != "lost"
@@ -238,9 +236,9 @@ def test_worker_keeps_serving_after_a_failing_job(stack_env: dict[str, str], sta
     start_worker()
     failing = submit({**SMALL, "n_clusters": 2, "cluster_size": 1, "n_regressors": 3})
     healthy = submit(SMALL)
-    enqueue_job(failing)
-    enqueue_job(healthy)
-    wait_for(lambda: load(healthy).status in job_store.TERMINAL_STATUSES, 60, "the second job")
+    send(failing)
+    send(healthy)
+    wait_for(lambda: load(healthy).status in TERMINAL_STATUSES, 60, "the second job")
     assert load(failing).status == "failed" and load(healthy).status == "succeeded"
 
 

@@ -14,22 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kombu import Connection
 
+from core.queue import broker_connection, send
+from core.status import TERMINAL_STATUSES
 from store import jobs as job_store
-from store.settings import get_settings
 from tests import servers
 from tests.worker.conftest import WorkerProcess, wait_for
 from tests.worker.test_worker_jobs import LONG, comparable, load, reference_result, submit
-from worker.celery_app import transport_options
-from worker.dispatch import enqueue_job
 from worker.health import problem
 from worker.tasks import EXIT_NOT_READY, REQUEUED_STAGE
 
 
 def messages_waiting(queue: str) -> int:
-    settings = get_settings()
-    with Connection(settings.resolved_broker_url(), transport_options=transport_options(settings)) as connection:
+    with broker_connection() as connection:
         return int(connection.default_channel.queue_declare(queue=queue, durable=True).message_count)
 
 
@@ -81,7 +78,7 @@ def test_sigterm_hands_the_running_job_back_and_the_next_worker_finishes_it(
     queue = stack_env["GPUEST_QUEUE"]
     first = start_worker()
     job_id = submit(LONG)
-    enqueue_job(job_id, queue=queue)
+    send(job_id, queue=queue)
     wait_for(lambda: load(job_id).status == "running" and load(job_id).progress > 0, 90, "the job to run")
     assert problem(alive_file, max_age=30) is None  # touched when the worker became ready
 
@@ -93,7 +90,7 @@ def test_sigterm_hands_the_running_job_back_and_the_next_worker_finishes_it(
     assert messages_waiting(queue) >= 1, "the released job was not sent again"
 
     second = start_worker()
-    wait_for(lambda: load(job_id).status in job_store.TERMINAL_STATUSES, 180, "the handed-back job to finish")
+    wait_for(lambda: load(job_id).status in TERMINAL_STATUSES, 180, "the handed-back job to finish")
     job = load(job_id)
     assert (job.status, job.attempts) == ("succeeded", 1), second.output()[-3000:]
     assert comparable(job.result) == expected
@@ -156,13 +153,13 @@ def stop_mid_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     passed: list[str] = []
     real = get_kind("crve_montecarlo")
 
-    def runner(params: Any, data: Any, progress: Any) -> dict[str, Any]:
-        progress(0.1, "block 1")
+    def runner(params: Any, ctx: Any) -> Any:
+        ctx.progress(0.1, "block 1")
         passed.append("block 1")
         worker_stopping.set()  # what Celery's worker_shutting_down handler does on SIGTERM
-        progress(0.2, "block 2")
+        ctx.progress(0.2, "block 2")
         passed.append("block 2")
-        return {}
+        raise AssertionError("the checkpoint after the shutdown did not stop the job")
 
     monkeypatch.setattr("worker.tasks.get_kind", lambda name: dataclasses.replace(real, run=runner))
     yield passed

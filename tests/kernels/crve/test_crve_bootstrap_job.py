@@ -10,11 +10,13 @@ import pytest
 import statsmodels.formula.api as smf
 from pydantic import ValidationError
 
+from kernels.context import local_context, run_kind
 from kernels.crve.bootstrap import BootstrapData, BootstrapOptions, wild_cluster_bootstrap
+from kernels.crve.jobs import KINDS
 from kernels.crve.spec import BootstrapParams, SyntheticDataset
 from kernels.crve.synthetic import synthetic_columns
 from kernels.progress import LocalProgress
-from kernels.registry import get_kind
+from kernels.registry import JobKind
 
 RESULT_NAMES = {"estimate", "se", "t_stat", "p_value", "p_value_analytic", "conf_int", "reps_used", "enumerated"}
 
@@ -27,14 +29,17 @@ def _frame(seed: int = 1, n_obs: int = 600, n_clusters: int = 20) -> pd.DataFram
     return frame
 
 
+def _kind(name: str) -> JobKind:
+    return next(kind for kind in KINDS if kind.name == name)
+
+
 def _run(frame: pd.DataFrame | None, progress: LocalProgress | None = None, **params: object) -> dict:
-    kind = get_kind("crve_bootstrap")
     base: dict[str, object] = {"formula": "y ~ x1 + x2", "cluster": "cluster", "param": "x1", "reps": 999}
     if frame is not None:
         base["dataset_id"] = "d1"
     base.update(params)
     data = {} if frame is None else {"dataset_id": frame}
-    return kind.run(BootstrapParams.model_validate(base), data, progress or LocalProgress())
+    return run_kind(_kind("crve_bootstrap"), base, local_context("cpu", data, progress))
 
 
 def test_result_has_the_documented_names_and_matches_statsmodels() -> None:
@@ -122,6 +127,19 @@ def test_synthetic_dataset_is_the_generator() -> None:
     )
     assert result["p_value"] == direct.p_values["two-tailed"]
     assert result["conf_int"] == pytest.approx(list(direct.conf_int), rel=1e-12)
+
+
+def test_examples_run_the_paths_they_stand_for() -> None:
+    # The examples are what the cross-backend test runs on the GPU: the bootstrap's must absorb a fixed effect
+    # crossing the clusters and draw weights (no enumeration), the Monte Carlo's must run the WCR bootstrap.
+    boot = _kind("crve_bootstrap")
+    result = run_kind(boot, boot.example.params, local_context("cpu", boot.example.frames()))
+    assert result["fixed_effect"] == {"name": "fe", "levels": 8, "nested_in_cluster": False}
+    assert not result["enumerated"] and result["reps_used"] == 9999 and None not in result["conf_int"]
+    montecarlo = _kind("crve_montecarlo")
+    result = run_kind(montecarlo, montecarlo.example.params, local_context("cpu"))
+    assert result["test"] == "wild_bootstrap" and result["bootstrap_reps"] == 199 and result["replications"] == 500
+    json.dumps(result, allow_nan=False)
 
 
 @pytest.mark.parametrize(

@@ -7,13 +7,9 @@ import pytest
 import statsmodels.api as sm
 from wildboottest.wildboottest import WildboottestCL
 
-from kernels.crve.bootstrap import (
-    BootstrapData,
-    BootstrapOptions,
-    p_values_from,
-    pair_statistics,
-    wild_cluster_bootstrap,
-)
+from kernels.crve.bootstrap import BootstrapData, BootstrapOptions, wild_cluster_bootstrap
+from kernels.crve.inference import p_values_from
+from kernels.crve.pairs import pair_statistics
 from kernels.crve.weights import draw_weights, enumerated_weights
 
 

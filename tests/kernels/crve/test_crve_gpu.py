@@ -7,8 +7,10 @@ import os
 import numpy as np
 import pytest
 
+from kernels.backend import is_numpy
 from kernels.crve import montecarlo as mc
-from kernels.crve.bootstrap import BootstrapData, BootstrapOptions, pair_statistics, wild_cluster_bootstrap
+from kernels.crve.bootstrap import BootstrapData, BootstrapOptions, wild_cluster_bootstrap
+from kernels.crve.pairs import pair_statistics
 from kernels.crve.weights import draw_weights
 
 pytestmark = pytest.mark.gpu
@@ -95,7 +97,7 @@ def test_bootstrap_gpu_equals_numpy(cp, case: str, impose_null: bool, weights_ty
     options = BootstrapOptions(param=1, r=0.4, reps=2999, weights_type=weights_type, impose_null=impose_null, seed=3)
 
     def run(xp):
-        move = (lambda a: None if a is None else xp.asarray(a)) if xp is not np else (lambda a: a)
+        move = (lambda a: a) if is_numpy(xp) else (lambda a: None if a is None else xp.asarray(a))
         data = BootstrapData(
             move(x), move(y), move(cluster), g_count, move(bootcluster), n_boot, move(fe), n_fe, names=[]
         )

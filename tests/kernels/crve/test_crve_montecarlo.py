@@ -9,11 +9,12 @@ import pytest
 import statsmodels.api as sm
 from pydantic import ValidationError
 
+from kernels.context import local_context, run_kind
 from kernels.crve import montecarlo as mc
 from kernels.crve.bootstrap import BootstrapData, BootstrapOptions, wild_cluster_bootstrap
+from kernels.crve.jobs import KINDS
 from kernels.crve.spec import MonteCarloParams
 from kernels.progress import JobCancelled, LocalProgress
-from kernels.registry import get_kind
 
 
 def test_cgm_data_follows_the_design() -> None:
@@ -57,10 +58,10 @@ def test_crv1_from_cluster_statistics_matches_statsmodels(ssc: bool) -> None:
 
 
 def _run(progress: LocalProgress | None = None, **overrides: object) -> dict:
-    kind = get_kind("crve_montecarlo")
+    kind = next(kind for kind in KINDS if kind.name == "crve_montecarlo")
     params = {"n_clusters": 20, "cluster_size": 10, "n_regressors": 3, "replications": 300, "seed": 5}
     params.update(overrides)
-    return kind.run(kind.params_model.model_validate(params), {}, progress or LocalProgress())
+    return run_kind(kind, params, local_context("cpu", progress=progress))
 
 
 def test_job_result_is_chunk_invariant_and_reports_progress(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 from scipy.interpolate import RegularGridInterpolator
 
+from kernels import cuda
+from kernels.dualcontrol import bellman
 from kernels.dualcontrol.bellman import ArrayBellman, MinimiserSettings
 from kernels.dualcontrol.grid import make_state_grid
-from kernels.dualcontrol.minimize import golden_section_minimise
+from kernels.dualcontrol.minimize import INVERSE_GOLDEN_RATIO, golden_section_minimise
 from kernels.dualcontrol.model import ModelParams, inert_bounds, inert_value, myopic_policy, one_period_loss
 from kernels.dualcontrol.quadrature import normal_quadrature
 from kernels.dualcontrol.solve import SolveSettings, solve
@@ -140,3 +142,17 @@ def test_golden_section_cell_stays_in_the_bracket_when_the_previous_policy_lies_
     u, q = golden_section_minimise(lambda v: objective(v) - 2.0 * (v == 5.0), lo, hi, [myopic, previous], 3, 40, np)
     assert u[0] == 5.0 and q[0] == pytest.approx(-2.5, abs=1e-12)
     np.testing.assert_allclose(u[1:], 0.9, atol=1e-6)
+
+
+def test_cuda_source_warms_up_both_precisions_with_the_defines_an_operator_compiles() -> None:
+    """The worker compiles the float64 and float32 variants at start with exactly the defines a job's
+    operator asks for (the module cache keys on them), so a fresh worker's first job compiles nothing;
+    the golden-section constant reaches the kernel as the very literal of minimize.py."""
+    source = cuda.kernel_source(bellman.__file__, "bellman.cu")
+    assert source.path.name == "bellman.cu" and source in cuda.declared_sources()
+    warm = {dict(defines)["REAL"]: dict(defines) for defines in source.warm_up_defines}
+    for dtype, real in ((np.float64, "double"), (np.float32, "float")):
+        options = cuda.compile_options(source, bellman.kernel_defines(dtype))
+        assert options == cuda.compile_options(source, warm[real])
+        assert f"-DREAL={real}" in options and f"-DINVERSE_GOLDEN_RATIO={INVERSE_GOLDEN_RATIO!r}" in options
+    assert set(warm) == {"double", "float"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels.backend import get_namespace, to_numpy
+from kernels.backend import get_namespace, to_host
 from kernels.dualcontrol.bellman import ArrayBellman, CudaBellman, MinimiserSettings
 from kernels.dualcontrol.grid import make_state_grid
 from kernels.dualcontrol.model import ModelParams
@@ -36,7 +36,7 @@ def test_policy_sweep_kernel_equals_numpy_on_random_values_and_controls() -> Non
     values = rng.uniform(5.0, 50.0, GRID.shape)
     controls = rng.normal(0.0, 2.0, GRID.shape)  # wide: many nodes fall beyond the cuboid
     expected = ref.evaluate(values, controls)
-    got = to_numpy(gpu.evaluate(cp.asarray(values), cp.asarray(controls)))
+    got = to_host(gpu.evaluate(cp.asarray(values), cp.asarray(controls)))
     np.testing.assert_allclose(got, expected, rtol=1e-10)
 
 
@@ -52,7 +52,7 @@ def test_improvement_kernel_equals_numpy_on_a_smooth_random_value_function() -> 
     )
     previous = np.ascontiguousarray(rng.normal(0.0, 1.0, GRID.shape))
     v_ref, u_ref = ref.improve(values, previous)
-    v_gpu, u_gpu = (to_numpy(a) for a in gpu.improve(cp.asarray(values), cp.asarray(previous)))
+    v_gpu, u_gpu = (to_host(a) for a in gpu.improve(cp.asarray(values), cp.asarray(previous)))
     np.testing.assert_allclose(v_gpu, v_ref, rtol=1e-10)
     # Controls: where the objective is flat at its minimum, rounding-level differences in Q (FMA, summation
     # order) steer golden section to another point of the same flat bottom; the values above still agree.
@@ -71,14 +71,14 @@ def test_full_solve_on_gpu_equals_numpy(policy: str) -> None:
     gpu = solve(MODEL, GRID, settings, cp)
     assert cpu.converged and gpu.converged
     assert [lv.iterations for lv in cpu.levels] == [lv.iterations for lv in gpu.levels]
-    np.testing.assert_allclose(to_numpy(gpu.value), cpu.value, rtol=1e-10)
+    np.testing.assert_allclose(to_host(gpu.value), cpu.value, rtol=1e-10)
 
 
 def test_float32_kernel_tracks_float64() -> None:
     cp = get_namespace("gpu")
     settings64 = SolveSettings("myopic", 1e-5, quadrature_nodes=12)
     settings32 = SolveSettings("myopic", 1e-5, quadrature_nodes=12, dtype=np.float32)
-    v64 = to_numpy(solve(MODEL, GRID, settings64, cp).value)
-    v32 = to_numpy(solve(MODEL, GRID, settings32, cp).value)
+    v64 = to_host(solve(MODEL, GRID, settings64, cp).value)
+    v32 = to_host(solve(MODEL, GRID, settings32, cp).value)
     assert v32.dtype == np.float32
     np.testing.assert_allclose(v32, v64, rtol=2e-4)

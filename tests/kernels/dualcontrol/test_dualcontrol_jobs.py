@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from kernels.context import local_context, run_kind
 from kernels.dualcontrol.grid import make_state_grid
+from kernels.dualcontrol.jobs import KINDS
 from kernels.dualcontrol.model import ModelParams
 from kernels.dualcontrol.solve import SolveSettings, solve
-from kernels.dualcontrol.spec import DualControlParams
+from kernels.dualcontrol.spec import DualControlParams, DualControlResult
 from kernels.progress import JobCancelled, LocalProgress
 from kernels.registry import get_kind
+
+(KIND,) = KINDS
 
 SMALL_GRID = {
     "x": {"size": 10, "min": -5.0, "max": 7.0},
@@ -27,11 +34,29 @@ def _params(**overrides):
     return DualControlParams.model_validate(spec)
 
 
+def _run(params: DualControlParams | dict[str, Any], progress: LocalProgress | None = None) -> dict[str, Any]:
+    """The job's result JSON, run on NumPy the way the worker runs it."""
+    return run_kind(KIND, params, local_context("cpu", progress=progress))
+
+
 def test_kind_is_registered_with_its_example() -> None:
     kind = get_kind("dualcontrol_solve")
-    assert kind.params_model is DualControlParams
-    assert kind.dataset_fields == ()
-    kind.params_model.model_validate(kind.example)
+    assert kind is KIND
+    assert kind.params_model is DualControlParams and kind.result_model is DualControlResult
+    assert kind.dataset_fields == () and not kind.host_only
+    kind.params_model.model_validate(kind.example.params)
+
+
+def test_example_is_small_and_runs_every_gpu_path() -> None:
+    """The cross-backend test runs the example on NumPy in CI and on the GPU: it must be quick, converge,
+    and take the optimal policy (improvement kernel, evaluation sweeps) with its myopic companion."""
+    params = KIND.params_model.model_validate(KIND.example.params)
+    started = time.perf_counter()
+    result = _run(params)
+    assert time.perf_counter() - started < 10.0  # about 2 s on two idle cores; slack for a loaded machine
+    assert params.policy == "optimal" and result["converged"]
+    assert result["evaluation_sweeps"] > 0 and result["myopic_iterations"] > 0
+    assert all(abs(state["control"]) > 1e-3 for state in result["states"])  # no control that is 0 up to rounding
 
 
 @pytest.mark.parametrize(
@@ -71,7 +96,7 @@ def test_default_tolerance_depends_on_the_policy() -> None:
 
 def test_optimal_job_reports_all_result_names_and_artifacts() -> None:
     progress = LocalProgress()
-    result = get_kind("dualcontrol_solve").run(_params(), {}, progress)
+    result = _run(_params(), progress)
     for name in ("states", "iterations", "converged", "history", "timings", "value_of_experimentation", "device"):
         assert name in result
     assert result["converged"] and result["policy"] == "optimal" and result["device"] == "cpu"
@@ -91,17 +116,14 @@ def test_inert_job_value_at_a_node_equals_the_artifact() -> None:
     progress = LocalProgress()
     grid = {**SMALL_GRID, "concentration": 0.0}
     state = [-5.0 + 12.0 / 9 * 4, -3.0 + 6.0 / 8 * 2, 0.05 + 1.95 / 7 * 3]  # node (4, 2, 3) of a uniform grid
-    result = get_kind("dualcontrol_solve").run(_params(policy="inert", grid=grid, report_states=[state]), {}, progress)
+    result = _run(_params(policy="inert", grid=grid, report_states=[state]), progress)
     assert result["value_of_experimentation"] is None and result["states"][0]["myopic_value"] is None
     assert result["states"][0]["value"] == pytest.approx(progress.artifacts["value"][4, 2, 3], rel=1e-12)
     assert result["states"][0]["control"] == 0.0
 
 
 def test_float32_precision_agrees_with_float64() -> None:
-    runs = {
-        p: get_kind("dualcontrol_solve").run(_params(policy="myopic", precision=p, tolerance=1e-5), {}, LocalProgress())
-        for p in ("float32", "float64")
-    }
+    runs = {p: _run(_params(policy="myopic", precision=p, tolerance=1e-5)) for p in ("float32", "float64")}
     assert runs["float32"]["converged"] and runs["float32"]["precision"] == "float32"
     for s32, s64 in zip(runs["float32"]["states"], runs["float64"]["states"], strict=True):
         assert s32["value"] == pytest.approx(s64["value"], rel=1e-4)
@@ -116,12 +138,12 @@ def test_cancellation_stops_the_solve() -> None:
     progress = LocalProgress()
     progress.cancel()
     with pytest.raises(JobCancelled):
-        get_kind("dualcontrol_solve").run(_params(), {}, progress)
+        _run(_params(), progress)
 
 
 def test_artifact_grid_holds_the_node_coordinates() -> None:
     progress = LocalProgress()
-    get_kind("dualcontrol_solve").run(_params(policy="inert"), {}, progress)
+    _run(_params(policy="inert"), progress)
     nodes = progress.artifacts["grid"]
     assert nodes["x"][0] == -5.0 and nodes["x"][-1] == 7.0 and np.all(np.diff(nodes["mu"]) > 0)
 

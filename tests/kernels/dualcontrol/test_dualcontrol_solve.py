@@ -75,7 +75,7 @@ def test_myopic_value_matches_a_monte_carlo_of_the_policy() -> None:
 
 
 def test_myopic_policy_is_the_closed_form_and_minimises_the_one_period_loss() -> None:
-    """Paper eq. 11 / DESIGN.md, written out here (not through ``myopic_policy``), against the solved grid:
+    """Paper eq. 11 / docs/dualcontrol.md, written out here (not through ``myopic_policy``), against the solved grid:
     ``u = [omega ubar - mu (alpha + gamma x - xbar)] / (Sigma + mu^2 + omega)``; then a dense scan of the
     one-period expected loss, taken by Gauss-Hermite over the predictive N(alpha + mu u + gamma x,
     u^2 Sigma + sigma_eps^2) (exact for the quadratic loss), finds the same control; and the solved value is

@@ -1,14 +1,16 @@
-"""The ``ks_solve`` job kind: parameter validation, the runner's result and artifacts (NumPy)."""
+"""The ``ks_solve`` job kind: parameter validation, the runner's result and artifacts (NumPy, through
+``run_kind`` as the worker runs it)."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
 from pydantic import ValidationError
 
+from kernels.context import MissingDatasetError, local_context, run_kind
+from kernels.ks.jobs import KS_SOLVE
 from kernels.ks.spec import KSSolveParams, KSSolveResult
 from kernels.progress import JobCancelled, LocalProgress
 from kernels.registry import get_kind
@@ -22,9 +24,12 @@ SMALL = {"n_agents": 1_000, "periods": 200, "burn_in": 50, "tolerance": 1e-3, "m
 
 def test_registered_with_example() -> None:
     kind = get_kind("ks_solve")
+    assert kind is KS_SOLVE
     assert kind.params_model is KSSolveParams
+    assert kind.result_model is KSSolveResult
     assert kind.dataset_fields == ("initial_distribution",)
-    KSSolveParams.model_validate(kind.example)
+    KSSolveParams.model_validate(kind.example.params)
+    assert kind.example.frames() == {}
 
 
 def test_defaults_are_the_standard_ks_sim_settings() -> None:
@@ -84,11 +89,12 @@ def test_inconsistent_transition_matrix_is_refused() -> None:
 
 
 def test_run_returns_every_result_name_and_artifacts() -> None:
-    kind = get_kind("ks_solve")
+    kind = KS_SOLVE
     params = KSSolveParams.model_validate(SMALL)
     progress = LocalProgress()
-    result = kind.run(params, {}, progress)
+    result = run_kind(kind, params, local_context(device="cpu", progress=progress))
     KSSolveResult.model_validate(result)
+    assert result["device"] == "cpu"
     for state in ("bad", "good"):
         assert set(result["alm"][state]) == {"intercept", "slope", "r2", "se", "n_obs"}
         assert 0.9 < result["alm"][state]["slope"] < 1.0
@@ -110,23 +116,57 @@ def test_run_returns_every_result_name_and_artifacts() -> None:
 
 
 def test_initial_distribution_dataset_and_its_errors() -> None:
-    kind = get_kind("ks_solve")
+    import pandas as pd  # here, not at the top: the GPU machine runs this module's gpu test without pandas
+
+    kind = KS_SOLVE
     params = KSSolveParams.model_validate({**SMALL, "max_iterations": 1, "den_haan_periods": 0,
                                            "initial_distribution": "ds-1"})
     frame = pd.DataFrame({"k": np.linspace(20.0, 60.0, 500), "employed": np.tile([0, 1, 1, 1, 1], 100)})
     progress = LocalProgress()
-    result = kind.run(params, {"initial_distribution": frame}, progress)
+    ctx = local_context(device="cpu", datasets={"initial_distribution": frame}, progress=progress)
+    result = run_kind(kind, params, ctx)
     assert result["den_haan_error"] is None
     # the panel starts at the dataset's mean (tiled to n_agents = 1000, the mean is kept)
     assert progress.artifacts["capital_path"]["K"][0] == pytest.approx(40.0, rel=1e-12)
-    with pytest.raises(ValueError, match="column 'k'"):
-        kind.run(params, {"initial_distribution": frame.rename(columns={"k": "capital"})}, LocalProgress())
-    with pytest.raises(ValueError, match="employed"):
-        kind.run(params, {"initial_distribution": frame.assign(employed=2)}, LocalProgress())
+    for bad_frame, message in ((frame.rename(columns={"k": "capital"}), "column 'k'"),
+                               (frame.assign(employed=2), "employed")):
+        with pytest.raises(ValueError, match=message):
+            run_kind(kind, params, local_context(device="cpu", datasets={"initial_distribution": bad_frame}))
+    with pytest.raises(MissingDatasetError, match="initial_distribution"):  # named in the params, not given
+        run_kind(kind, params, local_context(device="cpu"))
 
 
 def test_cancellation_stops_the_run() -> None:
     progress = LocalProgress()
     progress.cancel()
     with pytest.raises(JobCancelled):
-        get_kind("ks_solve").run(KSSolveParams.model_validate(SMALL), {}, progress)
+        run_kind(KS_SOLVE, SMALL, local_context(device="cpu", progress=progress))
+
+
+def _numeric_gaps(left: object, right: object, path: str = "") -> list[tuple[float, str]]:
+    """Relative gap of every numeric leaf of two result JSONs (device and timings skipped); other leaves equal."""
+    if isinstance(left, dict):
+        assert isinstance(right, dict) and set(left) == set(right), path
+        return [gap for key in left if key not in ("device", "timings")
+                for gap in _numeric_gaps(left[key], right[key], f"{path}.{key}")]
+    if isinstance(left, list):
+        assert isinstance(right, list) and len(left) == len(right), path
+        return [gap for i, (a, b) in enumerate(zip(left, right, strict=True))
+                for gap in _numeric_gaps(a, b, f"{path}[{i}]")]
+    if isinstance(left, float):
+        return [(0.0 if left == right else abs(left - right) / max(abs(left), abs(right)), path)]
+    assert left == right, f"{path}: {left!r} vs {right!r}"
+    return []
+
+
+@pytest.mark.gpu
+def test_example_agrees_on_gpu_and_numpy() -> None:
+    """The kind's example through run_kind on both backends (what the cross-backend test of every kind does),
+    here without the other kinds' imports: every leaf within 1e-9 relative, the same iteration counts."""
+    example = KS_SOLVE.example.params
+    cpu = run_kind(KS_SOLVE, example, local_context(device="cpu"))
+    gpu = run_kind(KS_SOLVE, example, local_context(device="gpu"))
+    assert gpu["device"] != "cpu"
+    assert cpu["policy_iterations"] == gpu["policy_iterations"] and cpu["iterations"] == gpu["iterations"] == 2
+    worst = max(_numeric_gaps(cpu, gpu))
+    assert worst[0] < 1e-9, worst

@@ -193,7 +193,7 @@ def test_transition_matrices_are_consistent() -> None:
     assert np.all((emp >= 0) & (emp <= 1))
     # each (a, a') pair maps u_a to u_{a'} (to the 6 printed decimals of the published matrix)
     np.testing.assert_allclose(implied_unemployment(cal), np.array([[0.10, 0.04], [0.10, 0.04]]), atol=5e-6)
-    # durations: unemployment spells last 2.5 quarters in good times (p_uu = 0.6) and 4 in bad (0.75)
+    # durations: unemployment spells last 2.5 quarters in bad times (p_uu = 0.6) and 1.5 in good (1/3)
     assert 1.0 - emp[1, 1, 0] == pytest.approx(0.291667 / 0.875, abs=1e-12)
     assert 1.0 - emp[0, 0, 0] == pytest.approx(0.6, abs=1e-12)
 

@@ -150,7 +150,7 @@ def test_bootstrap_weights_are_resamples_and_chunking_does_not_matter() -> None:
 
 def test_capacity_counts_the_engine_buffers() -> None:
     # Importable without CuPy; the measured peak is checked on the device (test_sccs_gpu.py).
-    from kernels.sccs import cuda
+    from kernels.sccs import gpu
 
     data = small_problem(seed=34, n_cases=500, n_drugs=8)
     k, n, j = data.n_eras, data.n_cases, data.n_covariates
@@ -158,15 +158,15 @@ def test_capacity_counts_the_engine_buffers() -> None:
         # eta, eta_start, w (K, precision); sums (precision), case weights and weighted events (float64) per
         # case; numerator, beta, trust per covariate.
         buffers = k * 3 * real + n * (real + 16) + j * 24
-        per_replicate = cuda.bytes_per_replicate(data, precision)
+        per_replicate = gpu.bytes_per_replicate(data, precision)
         assert buffers < per_replicate < 4 * buffers
-        assert cuda.capacity_for(data, precision, 200, 7 * per_replicate + 1) == 7
-        assert cuda.capacity_for(data, precision, 5, 7 * per_replicate) == 5
-        assert cuda.capacity_for(data, precision, 200, 10) == 1
-    assert cuda.bytes_per_replicate(data, "float32") < cuda.bytes_per_replicate(data, "float64")
+        assert gpu.capacity_for(data, precision, 200, 7 * per_replicate + 1) == 7
+        assert gpu.capacity_for(data, precision, 5, 7 * per_replicate) == 5
+        assert gpu.capacity_for(data, precision, 200, 10) == 1
+    assert gpu.bytes_per_replicate(data, "float32") < gpu.bytes_per_replicate(data, "float64")
     # Each more era costs eta, eta_start and w: compare two designs of equal N and J.
     longer = synthetic.generate(np, 500, 8, seed=34, effect_share=0.5, min_eras=20, max_eras=30).data
     assert longer.n_cases == n and longer.n_covariates == j and longer.n_eras > k + 5000
     for precision, real in (("float64", 8), ("float32", 4)):
-        extra = cuda.bytes_per_replicate(longer, precision) - cuda.bytes_per_replicate(data, precision)
+        extra = gpu.bytes_per_replicate(longer, precision) - gpu.bytes_per_replicate(data, precision)
         assert extra >= (longer.n_eras - k) * 3 * real

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
+from types import ModuleType
 
 import numpy as np
 import pytest
 
+from kernels.backend import to_host
 from kernels.sccs import synthetic
 from kernels.sccs.data import IntervalTables, build_from_tables, eras_from_person_data
 
@@ -69,18 +71,57 @@ def test_case_index_matches_the_nonzeros() -> None:
         ("stratum_id", np.array([1.5, 10, 10, 20, 20, 30]), "integers"),
     ],
 )
-def test_build_rejects_bad_tables(field: str, value: np.ndarray, message: str) -> None:
+def test_build_rejects_bad_tables(field: str, value: np.ndarray, message: str, xp: ModuleType) -> None:
     tables = _tables()
     tables[field] = value
     with pytest.raises(ValueError, match=message):
-        build_from_tables(**tables)
+        build_from_tables(**tables, xp=xp)
 
 
-def test_build_rejects_data_without_events() -> None:
+def test_build_rejects_data_without_events(xp: ModuleType) -> None:
     tables = _tables()
     tables["y"] = np.zeros(6)
     with pytest.raises(ValueError, match="no case has an event"):
-        build_from_tables(**tables)
+        build_from_tables(**tables, xp=xp)
+
+
+_DATA_ARRAYS = ("era_case", "era_length", "era_events", "case_events", "col_ptr", "col_rows", "col_values",
+                "touched_col_ptr", "touched_case", "touched_ptr", "nnz_touched")
+
+
+def test_build_gives_the_same_data_on_every_backend(xp: ModuleType) -> None:
+    # Shuffled rows, scattered ids, non-binary values, a zero value and cases without events: the device build
+    # (sorts, gathers and integer counts) must equal the host build exactly.
+    data = synthetic.generate(np, 500, 12, seed=3).data
+    t = synthetic.to_tables(data)
+    g = np.random.default_rng(4)
+    row_perm, cov_perm = g.permutation(t.row_id.size), g.permutation(t.cov_row_id.size)
+    stratum = np.where(t.stratum_id % 7 == 0, 10**9 + t.stratum_id, 3 * t.stratum_id)[row_perm]
+    y = t.y[row_perm] * (t.stratum_id[row_perm] % 11 != 0)  # every 11th case without events
+    values = np.round(g.uniform(0.5, 2.0, t.cov_value.size), 2)
+    values[::97] = 0.0
+    tables = {"row_id": 5 * t.row_id[row_perm] + 1, "stratum_id": stratum, "time": t.time[row_perm], "y": y,
+              "cov_row_id": 5 * t.cov_row_id[cov_perm] + 1, "cov_id": 1000 - 3 * t.cov_id[cov_perm],
+              "cov_value": values[cov_perm]}
+    host = build_from_tables(**tables)
+    built = build_from_tables(**tables, xp=xp)
+    assert host.dropped_cases > 0 and not host.data.binary
+    assert (built.dropped_cases, built.dropped_eras, built.data.binary) == (host.dropped_cases, host.dropped_eras,
+                                                                          host.data.binary)
+    np.testing.assert_array_equal(built.case_ids, host.case_ids)
+    np.testing.assert_array_equal(built.data.covariate_ids, host.data.covariate_ids)
+    for name in _DATA_ARRAYS:
+        got, expected = to_host(getattr(built.data, name)), getattr(host.data, name)
+        assert got.dtype == expected.dtype, name
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+
+
+def test_design_matrix_is_built_once_and_is_x() -> None:
+    built = build_from_tables(**_tables())
+    data = built.data
+    design = data.design
+    assert design is data.design and design.has_canonical_format
+    np.testing.assert_array_equal(design.toarray(), [[1, 0], [1, 2.5], [0, 0], [0, 1]])
 
 
 def _person_data(**window: object):
@@ -219,7 +260,7 @@ def test_hash_collisions_are_detected_and_redrawn(monkeypatch: pytest.MonkeyPatc
     def colliding(xp, seed, stream, index):
         keys.append(seed)
         words = philox(xp, seed, stream, index)
-        drug_stream = stream == data_module._HASH_STREAM
+        drug_stream = stream == data_module.DRUG_HASH_STREAM
         return tuple(w * 0 + 1 for w in words) if seed == 0 and (drug_stream or collide != "drugs") else words
 
     monkeypatch.setattr(data_module.rng, "philox4x32", colliding)

@@ -38,33 +38,33 @@ def _assert_same(host: ccd.FitResult, device: ccd.FitResult, seed: int) -> None:
     ("none", 1.0, True), ("normal", 0.3, True), ("laplace", 0.05, True), ("laplace", 0.5, False),
 ])
 def test_gpu_fit_equals_numpy(kind: str, variance: float, binary: bool) -> None:
-    from kernels.sccs import cuda
+    from kernels.sccs import gpu
 
     seed, data = _fresh(binary=binary)
     penalised = np.ones(data.n_covariates, dtype=bool)
     penalised[3] = False
     prior = Prior(kind, variance, penalised)
     host = ccd.fit(data, prior)
-    device = cuda.fit(data, prior)
+    device = gpu.fit(data, prior)
     _assert_same(host, device, seed)
     tight = FitOptions(tolerance=1e-9, convergence="gradient")
-    _assert_same(ccd.fit(data, prior, tight), cuda.fit(data, prior, tight), seed)
+    _assert_same(ccd.fit(data, prior, tight), gpu.fit(data, prior, tight), seed)
 
 
 def test_graph_replay_equals_direct_launches() -> None:
-    from kernels.sccs import cuda
+    from kernels.sccs import gpu
 
     _, data = _fresh(n_cases=1000, n_drugs=20)
     prior = Prior("laplace", 0.2, np.ones(data.n_covariates, dtype=bool))
-    graph = cuda.BatchEngine(data, prior, FitOptions(), capacity=1)
+    graph = gpu.BatchEngine(data, prior, FitOptions(), capacity=1)
     assert graph.graph_used
-    with_graph = cuda.fit(data, prior)
-    direct = cuda.fit(data, prior, use_graph=False)
+    with_graph = gpu.fit(data, prior)
+    direct = gpu.fit(data, prior, use_graph=False)
     np.testing.assert_array_equal(with_graph.beta, direct.beta)
 
 
 def test_batched_fits_equal_numpy_fits_one_by_one() -> None:
-    from kernels.sccs import cuda
+    from kernels.sccs import gpu
 
     seed, data = _fresh(n_cases=2000, n_drugs=30)
     prior = Prior("laplace", 0.1, np.ones(data.n_covariates, dtype=bool))
@@ -78,7 +78,7 @@ def test_batched_fits_equal_numpy_fits_one_by_one() -> None:
     beta0[2] = 0.1
     host = ccd.numpy_batch_fitter(data, prior, options)(variances, weights, beta0, None)
     calls: list[tuple[int, int]] = []
-    device = cuda.batch_fitter(data, prior, options, capacity=3)(
+    device = gpu.batch_fitter(data, prior, options, capacity=3)(
         variances, weights, beta0, lambda finished, cycle: calls.append((finished, cycle)))
     finished = [f for f, _ in calls]
     assert finished == sorted(finished) and finished[-1] == replicates
@@ -87,12 +87,12 @@ def test_batched_fits_equal_numpy_fits_one_by_one() -> None:
 
 
 def test_float32_gpu_is_close_to_float32_numpy() -> None:
-    from kernels.sccs import cuda
+    from kernels.sccs import gpu
 
     seed, data = _fresh()
     prior = Prior("normal", 0.5, np.ones(data.n_covariates, dtype=bool))
     options = FitOptions(tolerance=1e-6, precision="float32")
-    host, device = ccd.fit(data, prior, options), cuda.fit(data, prior, options)
+    host, device = ccd.fit(data, prior, options), gpu.fit(data, prior, options)
     assert np.max(np.abs(device.beta - host.beta)) < 1e-4, f"seed {seed}"
 
 
@@ -119,7 +119,7 @@ def test_bootstrap_weights_on_gpu_match_numpy() -> None:
 def test_cross_validation_and_bootstrap_on_gpu_equal_numpy() -> None:
     import cupy
 
-    from kernels.sccs import cuda, cv
+    from kernels.sccs import cv, gpu
 
     seed, data = _fresh(n_cases=1500, n_drugs=20)
     prior = Prior("laplace", 0.1, np.ones(data.n_covariates, dtype=bool))
@@ -127,7 +127,7 @@ def test_cross_validation_and_bootstrap_on_gpu_equal_numpy() -> None:
     grid = [0.02, 0.2, 2.0]
     host_cv = cv.cross_validate(data, ccd.numpy_batch_fitter(data, prior, options), grid, folds=3, seed=seed)
     device_data = data.to(cupy)
-    device_cv = cv.cross_validate(device_data, cuda.batch_fitter(device_data, prior, options, capacity=3), grid,
+    device_cv = cv.cross_validate(device_data, gpu.batch_fitter(device_data, prior, options, capacity=3), grid,
                                   folds=3, seed=seed)
     np.testing.assert_allclose(device_cv.fold_loglik, host_cv.fold_loglik, rtol=1e-10)
     np.testing.assert_array_equal(device_cv.iterations, host_cv.iterations)
@@ -135,7 +135,7 @@ def test_cross_validation_and_bootstrap_on_gpu_equal_numpy() -> None:
     beta_hat = ccd.fit(data, prior.with_variance(host_cv.chosen_variance), options).beta
     host_boot = boot.bootstrap(np, data.n_cases, ccd.numpy_batch_fitter(data, prior, options),
                                host_cv.chosen_variance, beta_hat, 6, seed=seed, chunk=6)
-    device_boot = boot.bootstrap(cupy, data.n_cases, cuda.batch_fitter(device_data, prior, options, capacity=4),
+    device_boot = boot.bootstrap(cupy, data.n_cases, gpu.batch_fitter(device_data, prior, options, capacity=4),
                                  host_cv.chosen_variance, beta_hat, 6, seed=seed, chunk=4)
     assert np.max(np.abs(device_boot.estimates - host_boot.estimates)) < 1e-10 * max(
         1.0, float(np.max(np.abs(host_boot.estimates)))), f"seed {seed}"
@@ -144,7 +144,7 @@ def test_cross_validation_and_bootstrap_on_gpu_equal_numpy() -> None:
 
 def test_gpu_batch_reports_every_cycle_and_cancels_between_cycles() -> None:
     from kernels.progress import JobCancelled
-    from kernels.sccs import cuda
+    from kernels.sccs import gpu
 
     seed, data = _fresh(n_cases=2000, n_drugs=30)
     prior = Prior("laplace", 0.1, np.ones(data.n_covariates, dtype=bool))
@@ -153,7 +153,7 @@ def test_gpu_batch_reports_every_cycle_and_cancels_between_cycles() -> None:
     weights = boot.case_weights(np, data.n_cases, 0, replicates, seed=seed)
     variances = np.full(replicates, 0.1)
     beta0 = np.zeros((replicates, data.n_covariates))
-    fitter = cuda.batch_fitter(data, prior, options, capacity=replicates)
+    fitter = gpu.batch_fitter(data, prior, options, capacity=replicates)
     calls: list[tuple[int, int]] = []
     results = fitter(variances, weights, beta0, lambda finished, cycle: calls.append((finished, cycle)))
     cycles = max(r.iterations for r in results)
@@ -181,7 +181,7 @@ def test_gpu_batch_reports_every_cycle_and_cancels_between_cycles() -> None:
 def test_gpu_bootstrap_progress_is_per_cycle_and_monotone() -> None:
     import cupy
 
-    from kernels.sccs import cuda
+    from kernels.sccs import gpu
 
     seed, data = _fresh(n_cases=1500, n_drugs=20)
     prior = Prior("laplace", 0.1, np.ones(data.n_covariates, dtype=bool))
@@ -189,7 +189,7 @@ def test_gpu_bootstrap_progress_is_per_cycle_and_monotone() -> None:
     beta_hat = ccd.fit(data, prior, options).beta
     device_data = data.to(cupy)
     calls: list[tuple[int, int]] = []
-    result = boot.bootstrap(cupy, data.n_cases, cuda.batch_fitter(device_data, prior, options, capacity=6), 0.1,
+    result = boot.bootstrap(cupy, data.n_cases, gpu.batch_fitter(device_data, prior, options, capacity=6), 0.1,
                             beta_hat, 12, seed=seed, chunk=6,
                             on_cycle=lambda finished, cycle: calls.append((finished, cycle)))
     finished = [f for f, _ in calls]
@@ -202,7 +202,7 @@ def test_gpu_bootstrap_progress_is_per_cycle_and_monotone() -> None:
 def test_capacity_estimate_covers_the_measured_memory_per_replicate(precision: str) -> None:
     import cupy
 
-    from kernels.sccs import cuda
+    from kernels.sccs import gpu
 
     seed, data = _fresh(n_cases=20_000, n_drugs=40)
     device_data = data.to(cupy)
@@ -214,7 +214,7 @@ def test_capacity_estimate_covers_the_measured_memory_per_replicate(precision: s
     def pool_growth(capacity: int) -> int:
         pool.free_all_blocks()
         before = pool.total_bytes()
-        fitter = cuda.batch_fitter(device_data, prior, options, capacity)
+        fitter = gpu.batch_fitter(device_data, prior, options, capacity)
         boot.bootstrap(cupy, data.n_cases, fitter, 0.5, beta_hat, capacity, seed=seed, chunk=capacity)
         cupy.cuda.Device().synchronize()
         grown = pool.total_bytes() - before
@@ -223,6 +223,6 @@ def test_capacity_estimate_covers_the_measured_memory_per_replicate(precision: s
         return grown
 
     measured = (pool_growth(10) - pool_growth(2)) / 8
-    estimate = cuda.bytes_per_replicate(device_data, precision)
+    estimate = gpu.bytes_per_replicate(device_data, precision)
     assert 0 < measured <= estimate, f"measured {measured:.0f} B per replicate, estimated {estimate} B"
     assert estimate < 3 * measured, f"measured {measured:.0f} B per replicate, estimated {estimate} B"

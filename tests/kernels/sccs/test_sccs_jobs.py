@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
+from kernels.context import local_context, run_kind
 from kernels.progress import JobCancelled, LocalProgress
 from kernels.registry import get_kind
-from kernels.sccs import ccd, synthetic
-from kernels.sccs.jobs import run_fit
+from kernels.sccs import ccd, jobs, synthetic
 from kernels.sccs.model import Prior
 from kernels.sccs.spec import SccsParams
 
@@ -30,6 +30,18 @@ def _frames(seed: int = 41, n_cases: int = 300, n_drugs: int = 6) -> dict[str, p
     return {"outcomes_dataset_id": outcomes, "covariates_dataset_id": covariates, "names_dataset_id": names}
 
 
+KINDS = {kind.name: kind for kind in jobs.KINDS}
+
+
+def run_fit(params: SccsParams, frames: dict[str, pd.DataFrame], progress: LocalProgress, device: str = "cpu") -> dict:
+    """The sccs_fit job through the kit's wrap-up (the result JSON)."""
+    return run_kind(KINDS["sccs_fit"], params, local_context(device, datasets=frames, progress=progress))
+
+
+def run_eras(params: dict, frames: dict[str, pd.DataFrame], progress: LocalProgress) -> dict:
+    return run_kind(KINDS["sccs_eras"], params, local_context("cpu", datasets=frames, progress=progress))
+
+
 def _params(**overrides: object) -> SccsParams:
     spec = {"outcomes_dataset_id": "o", "covariates_dataset_id": "c", "names_dataset_id": "n"}
     spec.update(overrides)
@@ -41,7 +53,9 @@ def test_kind_is_registered() -> None:
     assert kind.params_model is SccsParams
     assert kind.dataset_ids(_params()) == {"outcomes_dataset_id": "o", "covariates_dataset_id": "c",
                                            "names_dataset_id": "n"}
-    SccsParams.model_validate({**kind.example, "outcomes_dataset_id": "o", "covariates_dataset_id": "c"})
+    assert kind.result_model.__name__ == "SccsResult" and not kind.host_only
+    SccsParams.model_validate({**kind.example.params, "outcomes_dataset_id": "o", "covariates_dataset_id": "c"})
+    assert get_kind("sccs_eras").host_only
 
 
 @pytest.mark.parametrize(
@@ -266,11 +280,11 @@ def _person_frames(dates: bool) -> dict[str, pd.DataFrame]:
 @pytest.mark.parametrize("dates", [False, True])
 def test_eras_kind_builds_the_hand_worked_tables(dates: bool) -> None:
     # The case worked by hand in test_sccs_data.py: windows [start + 1, end + 2].
-    params = get_kind("sccs_eras").params_model.model_validate(
-        {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x", "risk_window_start": 1,
-         "risk_window_end": 2})
+    params = {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x", "risk_window_start": 1,
+              "risk_window_end": 2}
     progress = LocalProgress()
-    result = get_kind("sccs_eras").run(params, _person_frames(dates), progress)
+    result = run_eras(params, _person_frames(dates), progress)
+    assert result["device"] == "cpu" and set(result["timings"]) == {"eras", "total"}
     assert result["n_cases"] == 3 and result["n_cases_with_events"] == 2 and result["n_eras"] == 7
     assert result["events_in_observation"] == 7 and result["events_outside_observation"] == 1
     assert result["n_drugs"] == 2 and result["n_covariate_rows"] == 5
@@ -288,11 +302,10 @@ def test_eras_kind_anchors_the_window_start_at_exposure_end() -> None:
     # Windows [end + 1, end + 10]: case 1 drug 7 [20, 29], drug 8 [30, 39]; case 2 drug 7 [106, 115].
     # Case 1: [0,19] none, [20,29] {7}, [30,39] {8}, [40,99] none; events 5, 12, 16, 16, 50 are all baseline.
     # Case 2: [100,105] none (event 101), [106,115] {7}, [116,130] none (event 120). Case 3: baseline.
-    params = get_kind("sccs_eras").params_model.model_validate(
-        {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x", "risk_window_start": 1,
-         "start_anchor": "exposure_end", "risk_window_end": 10, "end_anchor": "exposure_end"})
+    params = {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x", "risk_window_start": 1,
+              "start_anchor": "exposure_end", "risk_window_end": 10, "end_anchor": "exposure_end"}
     progress = LocalProgress()
-    get_kind("sccs_eras").run(params, _person_frames(False), progress)
+    run_eras(params, _person_frames(False), progress)
     outcomes, covariates = progress.artifacts["outcomes"], progress.artifacts["covariates"]
     assert outcomes["stratumId"].tolist() == [1, 1, 1, 2, 2, 3]
     assert outcomes["time"].tolist() == [80, 10, 10, 21, 10, 10]
@@ -303,7 +316,37 @@ def test_eras_kind_anchors_the_window_start_at_exposure_end() -> None:
 def test_eras_kind_rejects_events_of_unknown_cases() -> None:
     frames = _person_frames(dates=False)
     frames["events_dataset_id"] = pd.DataFrame({"caseId": [9], "day": [3]})
-    params = get_kind("sccs_eras").params_model.model_validate(
-        {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x"})
+    params = {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x"}
     with pytest.raises(ValueError, match="event_case has cases without an observation period"):
-        get_kind("sccs_eras").run(params, frames, LocalProgress())
+        run_eras(params, frames, LocalProgress())
+
+
+def test_examples_run_on_numpy() -> None:
+    fit = run_fit(KINDS["sccs_fit"].example.params, KINDS["sccs_fit"].example.frames(), LocalProgress())
+    assert fit["cv_curve"] and fit["bootstrap_converged"] == 20 and fit["coefficients"][0]["name"] == "drug 1"
+    assert {"tables", "build", "cross_validation", "fit", "bootstrap"} <= set(fit["timings"])
+    eras = run_eras(KINDS["sccs_eras"].example.params, KINDS["sccs_eras"].example.frames(), LocalProgress())
+    assert eras["n_eras"] > eras["n_cases"] > 0 and eras["n_drugs"] == 25
+
+
+@pytest.mark.gpu
+def test_fit_job_on_the_gpu_equals_numpy() -> None:
+    # Tables built on the device, CV, final fit and bootstrap in engines of several batch sizes.
+    params = _params(prior={"type": "laplace", "variance": 0.3, "exclude": [2]},
+                     cross_validation={"folds": 3, "grid": [0.05, 0.5]}, bootstrap={"replicates": 8, "seed": 3})
+    frames = _frames()
+    host = run_fit(params, frames, LocalProgress())
+    device_progress = LocalProgress()
+    device = run_fit(params, frames, device_progress, device="gpu")
+    assert device["device"] != "cpu" and "engine" in device["timings"]
+    np.testing.assert_allclose([c["estimate"] for c in device["coefficients"]],
+                               [c["estimate"] for c in host["coefficients"]], rtol=1e-10, atol=1e-13)
+    assert device["log_posterior"] == pytest.approx(host["log_posterior"], rel=1e-12)
+    assert device["variance"] == host["variance"] and device["dropped_cases"] == host["dropped_cases"] == 1
+    assert [p["fold_iterations"] for p in device["cv_curve"]] == [p["fold_iterations"] for p in host["cv_curve"]]
+    assert device_progress.reports[-1] == (1.0, "done")
+
+
+@pytest.mark.gpu
+def test_gpu_warm_up_runs_the_tiny_jobs() -> None:
+    jobs.warm_up_fit()  # registered with cuda.on_warm_up: cuda.warm_up() runs it at worker start

@@ -1,0 +1,97 @@
+"""The job queue: the Celery application, ``send`` (ring the doorbell) and the broker probe.
+
+The database is the truth and the broker only a doorbell: a message carries nothing but the job id, and the
+worker reads everything else from the job row. The API sees only :func:`send` and :func:`broker_reachable`;
+the worker (``worker/tasks.py``) registers its task on :func:`celery_app` and is started with
+``celery -A worker.tasks:celery_app worker ...``.
+
+Nothing happens at import: the application (and the SQLAlchemy transport's polling interval) is set up on
+first use, so importing this module costs the API no broker work.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from core.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from kombu import Connection
+
+RUN_JOB_TASK = "gpuest.run_job"
+# kombu's SQLAlchemy transport polls its table once a second by default: up to a second of queue latency.
+SQLALCHEMY_POLLING_SECONDS = 0.1
+
+
+def transport_options(settings: Settings) -> dict[str, Any]:
+    url = settings.resolved_broker_url()
+    if url.startswith(("redis://", "rediss://")):
+        # Redis hands an unacknowledged message to another worker only after this many seconds.
+        return {"visibility_timeout": settings.visibility_timeout_seconds}
+    return {}
+
+
+def _poll_sqlalchemy_broker_faster() -> None:
+    # The transport forwards every transport option to create_engine, so its polling interval can only be
+    # set on the class.
+    from kombu.transport import sqlalchemy as kombu_sqlalchemy
+
+    kombu_sqlalchemy.Transport.polling_interval = SQLALCHEMY_POLLING_SECONDS
+
+
+def make_celery(settings: Settings) -> Celery:
+    """A Celery application for ``settings``: one job at a time per worker, late acks, JSON messages."""
+    from celery import Celery
+
+    app = Celery("gpuest", broker=settings.resolved_broker_url())
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_concurrency=1,
+        task_default_queue=settings.queue,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        broker_transport_options=transport_options(settings),
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+    )
+    return app
+
+
+@cache
+def celery_app() -> Celery:
+    """The process's Celery application, built on first use from the settings of that moment."""
+    _poll_sqlalchemy_broker_faster()
+    return make_celery(get_settings())
+
+
+def broker_connection() -> Connection:
+    """A kombu connection built from the current settings alone.
+
+    Not Celery's ``connection_for_write``: that merges in the transport options the application was built
+    with (e.g. Redis's visibility_timeout, which the SQLAlchemy transport passes to create_engine and fails
+    on) when the settings changed since (tests do that)."""
+    from kombu import Connection
+
+    settings = get_settings()
+    return Connection(settings.resolved_broker_url(), transport_options=transport_options(settings))
+
+
+def send(job_id: str, queue: str | None = None) -> None:
+    """Send a job id to a worker queue: the job's own, else the one in the settings."""
+    with broker_connection() as connection:
+        celery_app().send_task(RUN_JOB_TASK, args=[job_id], queue=queue or get_settings().queue, connection=connection)
+
+
+def broker_reachable(timeout: float = 2.0) -> bool:
+    try:
+        with broker_connection() as connection:
+            connection.ensure_connection(max_retries=1, timeout=timeout)
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,229 @@
+"""Bootstrap p-values, the tie rule, and the confidence interval by test inversion (see docs/crve.md).
+
+Conventions as the peers (wildboottest, fwildclusterboot, pyfixest): over the B draws, the original draw not
+added, two-tailed p = share of draws with |t*| > |t|; equal-tailed 2 min(P(t* > t), P(t* < t)); ">" P(t* > t);
+"<" P(t* < t). "Strict" is read in exact arithmetic: a draw whose t* equals t up to rounding (relative
+TIE_RTOL) is a tie and does not count (see ``_exceed``).
+
+Confidence interval: {r : p(r) > sign_level} by test inversion (:class:`PValueCurve`), for every p-value type
+and level: [lower, upper] for two- and equal-tailed, [lower, inf) for ">", (-inf, upper] for "<" (at a level
+above about 1/2 a one-sided set lies beyond the estimate).
+
+Used by the bootstrap (:mod:`kernels.crve.bootstrap`) and the Monte Carlo (:mod:`kernels.crve.montecarlo`);
+depends on no other CRVE module.
+"""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from scipy import optimize, stats
+
+P_VALUE_TYPES = ("two-tailed", "equal-tailed", ">", "<")
+T_QUANTILES = (0.005, 0.025, 0.05, 0.10, 0.25, 0.5, 0.75, 0.90, 0.95, 0.975, 0.995)
+# Draws whose t* (|t*|) equals t (|t|) up to this relative rounding are ties, not exceedances (see _exceed).
+TIE_RTOL = 1e-12
+
+
+def _exceed(xp: ModuleType, boot: Any, stat: Any) -> Any:
+    """boot > stat, strictly, read in exact arithmetic: a draw within rounding of the statistic is a tie.
+
+    Ties count as *not* exceeding: boot exceeds stat only when boot > stat + TIE_RTOL max(|stat|, |boot|, 1).
+    Under WCR the all-ones draw reproduces the sample exactly (t* = t in exact arithmetic, at every null
+    value) and, with Rademacher weights, the all-minus-ones draw gives t* = -t; computed, they differ from
+    +-t by rounding only, which must not decide whether they count. The floor 1 makes t = 0 (the null at
+    the estimate) no exception: there a draw with t* = 0 in exact arithmetic computes to rounding noise.
+    """
+    scale = xp.maximum(xp.maximum(xp.abs(stat), xp.abs(boot)), 1.0)
+    return boot > stat + TIE_RTOL * scale
+
+
+def p_values_from(xp: ModuleType, t_boot: Any, t_stat: Any) -> dict[str, Any]:
+    """All four bootstrap p-value types; ``t_stat`` may be an array broadcast against ``t_boot``'s last axis."""
+    above = _exceed(xp, t_boot, t_stat).mean(axis=-1)
+    below = _exceed(xp, -t_boot, -t_stat).mean(axis=-1)
+    two = _exceed(xp, xp.abs(t_boot), xp.abs(t_stat)).mean(axis=-1)
+    return {"two-tailed": two, "equal-tailed": 2 * xp.minimum(above, below), ">": above, "<": below}
+
+
+def analytic_p_values(t_stat: float, df: int) -> dict[str, float]:
+    """p-values of the t statistic against t(df) (df = G - 1, as Stata and fixest)."""
+    two = float(2 * stats.t.sf(abs(t_stat), df))
+    return {
+        "two-tailed": two,
+        "equal-tailed": two,
+        ">": float(stats.t.sf(t_stat, df)),
+        "<": float(stats.t.cdf(t_stat, df)),
+    }
+
+
+class EmptyConfidenceSet(ValueError):
+    """No null value has a bootstrap p-value above the level: the confidence set is empty."""
+
+
+# The two ends of the confidence set {r : p(r) > level} per p-value type: (tail, share of the level) of the
+# lower and of the upper bound, None where that end is unbounded. "two": |t*| > |t|; "above": t* > t (p_>
+# rises with r); "below": t* < t (p_< falls with r). Equal-tailed: 2 min(p_>, p_<) > level exactly when
+# p_> > level / 2 and p_< > level / 2 (halving is exact in binary floating point), so its lower end is
+# where p_> crosses level / 2 and its upper end where p_< does.
+_CI_TAILS: dict[str, tuple[tuple[str, float] | None, tuple[str, float] | None]] = {
+    "two-tailed": (("two", 1.0), ("two", 1.0)),
+    "equal-tailed": (("above", 0.5), ("below", 0.5)),
+    ">": (("above", 1.0), None),
+    "<": (None, ("below", 1.0)),
+}
+
+
+class PValueCurve:
+    """The bootstrap p-value as a function of the null value r, from five numbers per draw.
+
+    The confidence set is {r : p(r) > level} (the null values the test does not reject), inverted tail by
+    tail (``_CI_TAILS``). p(r) is a step function of r: it changes only where one draw's comparison with
+    the statistic flips, t*_b(r) = t(r) (or |t*_b(r)| = |t(r)|), and each bound is such a crossing, solved
+    to machine precision.
+    """
+
+    def __init__(
+        self,
+        estimate: float,
+        se: float,
+        r0: float,
+        factor: float,
+        numer: np.ndarray,
+        sumsq: np.ndarray,
+        numer1: np.ndarray | None,
+        cross: np.ndarray | None,
+        sumsq1: np.ndarray | None,
+        p_val_type: str,
+    ) -> None:
+        self.estimate, self.se, self.r0, self.factor = estimate, se, r0, factor
+        self.numer, self.sumsq = numer, sumsq
+        self.numer1, self.cross, self.sumsq1 = numer1, cross, sumsq1
+        self.p_val_type = p_val_type
+
+    def t_boot(self, r: float) -> np.ndarray:
+        if self.numer1 is None:  # WCU: the bootstrap distribution does not depend on r
+            numer, sumsq = self.numer, self.sumsq
+        else:
+            d = r - self.r0
+            numer = self.numer - d * self.numer1
+            sumsq = np.maximum(self.sumsq - 2 * d * self.cross + d * d * self.sumsq1, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return numer / np.sqrt(self.factor * sumsq)
+
+    def _draw_t(self, r: float, b: int) -> float:
+        if self.numer1 is None:
+            numer, sumsq = self.numer[b], self.sumsq[b]
+        else:
+            d = r - self.r0
+            numer = self.numer[b] - d * self.numer1[b]
+            sumsq = max(self.sumsq[b] - 2 * d * self.cross[b] + d * d * self.sumsq1[b], 0.0)
+        return numer / math.sqrt(self.factor * sumsq) if sumsq > 0 else math.copysign(math.inf, numer)
+
+    def _tail(self, tail: str, r: float) -> tuple[float, np.ndarray]:
+        """The tail's p-value at r and the per-draw comparisons it counts."""
+        t_boot, t_stat = self.t_boot(r), (self.estimate - r) / self.se
+        if tail == "two":
+            flags = _exceed(np, np.abs(t_boot), abs(t_stat))
+        elif tail == "above":
+            flags = _exceed(np, t_boot, t_stat)
+        else:
+            flags = _exceed(np, -t_boot, -t_stat)
+        return float(flags.mean()), flags
+
+    def _crossing(self, tail: str, b: int, inside: float, outside: float) -> float | None:
+        """Where draw b's comparison with the statistic flips between ``inside`` and ``outside`` (a root)."""
+
+        def gap(r: float) -> float:
+            t_stat, t_b = (self.estimate - r) / self.se, self._draw_t(r, b)
+            return abs(t_stat) - abs(t_b) if tail == "two" else t_stat - t_b
+
+        low, high = gap(inside), gap(outside)
+        if not (math.isfinite(low) and math.isfinite(high)) or low * high > 0:
+            return None
+        return float(optimize.brentq(gap, inside, outside, xtol=1e-15 * max(abs(inside), abs(outside), 1.0)))
+
+    def _bound(self, tail: str, level: float, direction: float, step: float) -> float | None:
+        """The end of {r : p_tail(r) > level} on the ``direction`` side (-1 lower, +1 upper); None: unbounded.
+
+        From the estimate, doubling steps bracket the crossing: outwards while p_tail > level there (the
+        usual case), inwards while p_tail <= level there (a one-sided tail at a level above its p-value at
+        the estimate, about 1/2: the confidence set then lies beyond the estimate). Bisection narrows the
+        bracket until a single draw's comparison flips inside it; that draw's crossing is the bound.
+        """
+        p_start, flags_start = self._tail(tail, self.estimate)
+        accepted_at_start = p_start > level
+        if not accepted_at_start and tail == "two":
+            # |t| = 0 at the estimate: p_two is the share of draws with t* != 0, its largest value.
+            raise EmptyConfidenceSet(
+                f"conf_int: the bootstrap p-value is {p_start:.6g} <= sign_level={level:g} even at the estimate, "
+                "so no null value is accepted (too few distinct bootstrap draws for this level); lower "
+                "sign_level or set conf_int to false"
+            )
+        march = direction if accepted_at_start else -direction
+        last, flags_last = self.estimate, flags_start
+        found = None
+        for doubling in range(64):
+            candidate = self.estimate + march * step * 2.0**doubling
+            p_candidate, flags_candidate = self._tail(tail, candidate)
+            if (p_candidate > level) != accepted_at_start:
+                found = candidate, flags_candidate
+                break
+            last, flags_last = candidate, flags_candidate
+        if found is None:
+            if accepted_at_start:
+                return None  # accepted however far out: unbounded on this side
+            raise EmptyConfidenceSet(
+                f"conf_int: no null value has a bootstrap p-value ({tail} tail) above {level:g}; lower sign_level "
+                "or set conf_int to false"
+            )
+        if accepted_at_start:
+            (inside, flags_inside), (outside, flags_outside) = (last, flags_last), found
+        else:
+            (inside, flags_inside), (outside, flags_outside) = found, (last, flags_last)
+        for _ in range(200):
+            flipped = np.flatnonzero(flags_inside != flags_outside)
+            if flipped.size == 1:
+                root = self._crossing(tail, int(flipped[0]), inside, outside)
+                if root is not None:
+                    return root
+            middle = 0.5 * (inside + outside)
+            if middle in (inside, outside):
+                break
+            p_middle, flags_middle = self._tail(tail, middle)
+            if p_middle <= level:
+                outside, flags_outside = middle, flags_middle
+            else:
+                inside, flags_inside = middle, flags_middle
+        return 0.5 * (inside + outside)
+
+    def confidence_interval(self, level: float, critical: float) -> tuple[float | None, float | None]:
+        """[lower, upper] of {r : p(r) > level}; None: unbounded on that side."""
+        step = max(critical, 1.0) * self.se
+        ends = []
+        for spec, direction in zip(_CI_TAILS[self.p_val_type], (-1.0, 1.0), strict=True):
+            ends.append(None if spec is None else self._bound(spec[0], spec[1] * level, direction, step))
+        lower, upper = ends
+        if lower is not None and upper is not None and lower > upper:
+            raise EmptyConfidenceSet(
+                f"conf_int: the equal-tailed confidence set at sign_level={level:g} is empty (lower end {lower:.6g} "
+                f"above upper end {upper:.6g}); lower sign_level or set conf_int to false"
+            )
+        return lower, upper
+
+
+def t_summary(t_boot: np.ndarray) -> dict[str, Any]:
+    """Quantiles, mean and standard deviation of the finite bootstrap t statistics (null where undefined)."""
+    finite = t_boot[np.isfinite(t_boot)]
+    if finite.size == 0:
+        return {"quantiles": {}, "mean": None, "sd": None, "non_finite": int(t_boot.size)}
+    values = np.quantile(finite, T_QUANTILES)
+    return {
+        "quantiles": {f"{q:g}": float(v) for q, v in zip(T_QUANTILES, values, strict=True)},
+        "mean": float(finite.mean()),
+        "sd": float(finite.std(ddof=1)) if finite.size > 1 else None,
+        "non_finite": int(t_boot.size - finite.size),
+    }

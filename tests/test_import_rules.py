@@ -1,0 +1,123 @@
+"""The layering the code relies on (docs/architecture.md), checked on the source: every import statement of
+every module, including those inside functions and under ``TYPE_CHECKING``, parsed with ``ast``.
+
+- ``kernels`` is pure numerics: it imports none of the service packages;
+- ``core`` (settings, logging, queue, statuses) imports none of api, worker, store, cli;
+- ``store`` imports neither api nor worker (nor cli);
+- the API never imports the worker (it rings the queue through ``core.queue.send``) and the worker never the API;
+- the CLI talks to the API over HTTP and starts the worker as a process: it imports neither;
+- a router does not import another router (shared queries live in ``store``);
+- no module imports another module's private (``_``-prefixed) name.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("api", "cli", "core", "kernels", "store", "worker")
+FORBIDDEN: dict[str, frozenset[str]] = {
+    "kernels": frozenset({"api", "cli", "core", "store", "worker"}),
+    "core": frozenset({"api", "cli", "store", "worker"}),
+    "store": frozenset({"api", "cli", "worker"}),
+    "api": frozenset({"cli", "worker"}),
+    "worker": frozenset({"api", "cli"}),
+    "cli": frozenset({"api", "worker"}),
+}
+ROUTERS = "api.routes"
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # dotted module name of the importing file
+    module: str  # dotted name of the module imported (or imported from)
+    names: tuple[str, ...]  # the names of a ``from module import ...``
+    line: int
+
+    def where(self) -> str:
+        return f"{self.importer.replace('.', '/')}.py:{self.line}"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _absolute(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = importer.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imports_of(path: Path) -> Iterator[Import]:
+    importer = module_name(path)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(importer, alias.name, (), node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            module = _absolute(importer, path.name == "__init__.py", node)
+            yield Import(importer, module, tuple(alias.name for alias in node.names), node.lineno)
+
+
+def all_imports() -> list[Import]:
+    found: list[Import] = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found.extend(imports_of(path))
+    return found
+
+
+IMPORTS = all_imports()
+
+
+def top(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def test_the_scan_sees_the_imports_it_guards() -> None:
+    importers = {statement.importer for statement in IMPORTS}
+    assert {"api.app", "worker.tasks", "core.queue", "store.jobs", "cli.main"} <= importers
+    assert any(statement.module == "core.queue" and statement.importer.startswith("api.") for statement in IMPORTS)
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_packages_import_only_the_layers_below_them(package: str) -> None:
+    forbidden = FORBIDDEN[package]
+    broken = [
+        f"{statement.where()}: {statement.module}"
+        for statement in IMPORTS
+        if top(statement.importer) == package and top(statement.module) in forbidden
+    ]
+    assert not broken, f"{package} must not import {sorted(forbidden)}: {broken}"
+
+
+def test_routers_do_not_import_each_other() -> None:
+    broken = [
+        f"{statement.where()}: {statement.module}"
+        for statement in IMPORTS
+        if statement.importer.startswith(f"{ROUTERS}.")
+        and statement.module.startswith(f"{ROUTERS}.")
+        and statement.module != statement.importer
+    ]
+    assert not broken, f"shared queries belong in store/, not in another router: {broken}"
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    broken = [
+        f"{statement.where()}: from {statement.module} import {name}"
+        for statement in IMPORTS
+        if top(statement.module) in PACKAGES and statement.module != statement.importer
+        for name in statement.names
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert not broken, f"make the name public or move it: {broken}"

@@ -1,10 +1,9 @@
 // The CGM (2008) Monte Carlo data generated in registers and reduced at once to cluster statistics
 // X_g'X_g (K x K) and X_g'y_g (K) (NumPy twin: montecarlo.cluster_statistics_numpy). Define: K (regressors,
-// the intercept included). One warp per (replication, cluster); the R x G x m data never touch memory.
+// the intercept included); NSTAT and the per-row products come from crve/crossprod.cuh. One warp per (replication, cluster); the R x G x m data never touch memory.
 // Philox addresses as in kernels/crve/montecarlo.py and docs/crve.md (streams GPUEST_STREAM_CRVE_MC_*).
 
 #define KM1 (K - 1)
-#define NSTAT (K * (K + 1) / 2 + K)
 
 extern "C" __global__ void cgm_cluster_stats(
         unsigned long long seed, long long first_rep, long long n_rep, long long n_clusters, long long m,
@@ -42,14 +41,7 @@ extern "C" __global__ void cgm_cluster_stats(
         }
         const double y =
             (1.0 + slope_sum) + gpuest_normal(seed, GPUEST_STREAM_CRVE_MC_U_INDIVIDUAL, (unsigned long long)obs) + u_g;
-        int s = 0;
-        #pragma unroll
-        for (int a = 0; a < K; ++a) {
-            #pragma unroll
-            for (int b = a; b < K; ++b) acc[s++] += x[a] * x[b];
-        }
-        #pragma unroll
-        for (int a = 0; a < K; ++a) acc[s++] += x[a] * y;
+        crve_add_row_products(acc, x, y);
     }
     #pragma unroll
     for (int s = 0; s < NSTAT; ++s) {

@@ -49,7 +49,8 @@ _WARP_BLOCK = 128  # threads per block of cgm_cluster_stats: 4 warps, one per (r
 # benchmarks and the paper's Figure 4 use 8, and designs of a few regressors are the common ones; a larger K
 # compiles at its first job.
 _SOURCE = cuda.kernel_source(
-    __file__, "montecarlo.cu", headers=[cuda.PHILOX_HEADER], warm_up=[{"K": k} for k in range(2, 9)]
+    __file__, "montecarlo.cu", headers=[cuda.PHILOX_HEADER, "crve/crossprod.cuh"],
+    warm_up=[{"K": k} for k in range(2, 9)],
 )
 
 

@@ -1,10 +1,9 @@
 // X_p'X_p and X_p'y_p per group in one pass over the rows (NumPy twin: pairs.pair_statistics_numpy).
-// Defines: K (regressors), THREADS (block size of tile_crossprod). Rows are sorted by group and cut into
-// tiles of one group each; a block sums its tile's NSTAT = K(K+1)/2 + K products in registers and reduces
-// them across the block; group_tiles then adds each group's tiles in order: deterministic, no atomics.
-// Statistic order: the upper triangle of x x' row by row, then x y.
+// Defines: K (regressors), THREADS (block size of tile_crossprod); crve/crossprod.cuh (NSTAT and the
+// per-row products) is prepended by kernels/cuda.py. Rows are sorted by group and cut into tiles of one group
+// each; a block sums its tile's NSTAT products in registers and reduces them across the block; group_tiles
+// then adds each group's tiles in order: deterministic, no atomics.
 
-#define NSTAT (K * (K + 1) / 2 + K)
 #define WARPS (THREADS / 32)
 
 extern "C" __global__ void __launch_bounds__(THREADS) tile_crossprod(
@@ -19,15 +18,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) tile_crossprod(
         double xi[K];
         #pragma unroll
         for (int a = 0; a < K; ++a) xi[a] = x[i * K + a];
-        const double yi = y[i];
-        int s = 0;
-        #pragma unroll
-        for (int a = 0; a < K; ++a) {
-            #pragma unroll
-            for (int b = a; b < K; ++b) acc[s++] += xi[a] * xi[b];
-        }
-        #pragma unroll
-        for (int a = 0; a < K; ++a) acc[s++] += xi[a] * yi;
+        crve_add_row_products(acc, xi, y[i]);
     }
     __shared__ double partial[WARPS][NSTAT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

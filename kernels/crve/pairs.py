@@ -37,7 +37,9 @@ def _kernel_defines(k: int) -> dict[str, cuda.DefineValue]:
 # regressors are the common ones (the job kind's example has 3, the benchmarks 8) and each variant is one small
 # kernel pair, so a fresh worker compiles these seven at start rather than at a job; another K compiles at its
 # first job (then it is in the disk cache).
-_SOURCE = cuda.kernel_source(__file__, "pairs.cu", warm_up=[_kernel_defines(k) for k in range(2, 9)])
+_SOURCE = cuda.kernel_source(
+    __file__, "pairs.cu", headers=["crve/crossprod.cuh"], warm_up=[_kernel_defines(k) for k in range(2, 9)]
+)
 
 
 def pair_statistics(xp: ModuleType, x: Any, y: Any, codes: Any, n_groups: int) -> tuple[Any, Any]:

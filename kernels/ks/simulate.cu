@@ -7,6 +7,16 @@
 #error "simulate.cu needs THREADS (the block size)"
 #endif
 
+// The block's tree sum of one value per thread, left in sums[0] (the same order on every run).
+__device__ __forceinline__ void ks_block_sum(double* sums, double value) {
+    sums[threadIdx.x] = value;
+    __syncthreads();
+    for (int width = THREADS / 2; width > 0; width >>= 1) {
+        if (threadIdx.x < width) sums[threadIdx.x] += sums[threadIdx.x + width];
+        __syncthreads();
+    }
+}
+
 // One period for every agent: interpolate the policy, draw the next employment state, and reduce the new
 // capital to K_{t+1} (clamped mean) with a deterministic two-level sum.
 extern "C" __global__ void ks_panel_step(
@@ -33,12 +43,7 @@ extern "C" __global__ void ks_panel_step(
         employed[i] = u < (e ? p_emp_employed : p_emp_unemployed) ? 1 : 0;
         local += (double)next;
     }
-    sums[threadIdx.x] = local;
-    __syncthreads();
-    for (int width = THREADS / 2; width > 0; width >>= 1) {
-        if (threadIdx.x < width) sums[threadIdx.x] += sums[threadIdx.x + width];
-        __syncthreads();
-    }
+    ks_block_sum(sums, local);
     if (threadIdx.x == 0) {
         partial[blockIdx.x] = sums[0];
         __threadfence();
@@ -49,12 +54,7 @@ extern "C" __global__ void ks_panel_step(
     if (!last_block) return;
     double s = 0.0;
     for (int b = threadIdx.x; b < gridDim.x; b += THREADS) s += ((volatile double*)partial)[b];
-    sums[threadIdx.x] = s;
-    __syncthreads();
-    for (int width = THREADS / 2; width > 0; width >>= 1) {
-        if (threadIdx.x < width) sums[threadIdx.x] += sums[threadIdx.x + width];
-        __syncthreads();
-    }
+    ks_block_sum(sums, s);
     if (threadIdx.x == 0) {
         double mean = sums[0] / (double)n;
         capital_path[t + 1] = mean < (double)K_min ? (double)K_min : (mean > (double)K_max ? (double)K_max : mean);

@@ -3,6 +3,9 @@ conventions that hold without a GPU, RNG stream registry, and registry invariant
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -209,6 +212,26 @@ def test_every_declared_source_exists_and_compiles_with_one_standard_and_its_def
             assert sum(option.startswith(("-std", "--std")) for option in options) == 1
             assert all(f"-D{name}={value}" in options for name, value in defines)
             assert source.uses_rng() == any(o.startswith("-DGPUEST_STREAM_") for o in options)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")
+def test_every_declared_variant_compiles_without_a_gpu(tmp_path: Path) -> None:
+    """The loader's text and options, compiled to PTX by nvcc: a kernel that does not compile fails here,
+    on a machine without a GPU, rather than at a worker's warm-up."""
+    registry()
+    failures = []
+    for source in cuda.declared_sources():
+        if not source.path.is_relative_to(cuda.KERNELS_DIR):
+            continue  # sources declared by tests (compiled on the GPU by their own tests)
+        code = tmp_path / source.path.name
+        code.write_text(source.text())
+        for defines in source.warm_up_defines or ((),):
+            options = cuda.compile_options(source, dict(defines))
+            done = subprocess.run(["nvcc", "--ptx", "-arch=sm_90", *options, str(code), "-o", os.devnull],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                failures.append(f"{source.name} {dict(defines)}: {done.stderr.strip()[:300]}")
+    assert failures == []
 
 
 def test_defines_are_written_so_the_device_reads_the_same_values() -> None:

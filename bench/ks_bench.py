@@ -187,24 +187,12 @@ def bench_rounding(args: argparse.Namespace) -> dict:
             "den_haan_mean_abs": abs(got.den_haan_mean - ref.den_haan_mean)}
 
 
-def _leaf_gaps(left, right, path: str = "") -> list[tuple[float, str]]:
-    """(relative difference, path) of every numeric leaf of two result JSONs (timings and device skipped)."""
-    if isinstance(left, dict):
-        return [gap for key in left if key not in ("timings", "device")
-                for gap in _leaf_gaps(left[key], right[key], f"{path}.{key}")]
-    if isinstance(left, list):
-        return [gap for i, (a, b) in enumerate(zip(left, right, strict=True))
-                for gap in _leaf_gaps(a, b, f"{path}[{i}]")]
-    if isinstance(left, bool) or not isinstance(left, int | float):
-        return [(0.0 if left == right else float("inf"), path)]
-    return [(0.0 if left == right else abs(left - right) / max(abs(left), abs(right)), path)]
-
-
 def bench_example(args: argparse.Namespace) -> dict:
     """The kind's own example (``KS_SOLVE.example``) through ``run_kind`` on NumPy and on the default device,
     with the worst relative gap between the two result JSONs (the cross-backend test holds it to 1e-9)."""
     from kernels.context import run_kind
     from kernels.ks.jobs import KS_SOLVE
+    from kernels.result_diff import compare_leaves
 
     runs = []  # (device, result, seconds): NumPy first, then the default device (NumPy again without a GPU)
     for device in ("cpu", None):
@@ -213,7 +201,7 @@ def bench_example(args: argparse.Namespace) -> dict:
         result = run_kind(KS_SOLVE, KS_SOLVE.example.params, ctx)
         runs.append((ctx.device, result, time.perf_counter() - start))
     (cpu_name, cpu, cpu_seconds), (other_name, other, other_seconds) = runs
-    worst = max(_leaf_gaps(cpu, other), default=(0.0, "-"))
+    worst = max(compare_leaves(cpu, other), default=(0.0, "-"))
     return {"bench": "ks_example", "devices": [cpu_name, other_name], "seconds": [cpu_seconds, other_seconds],
             "worst_relative_gap": worst[0], "worst_leaf": worst[1], "iterations": cpu["iterations"],
             "converged": cpu["converged"], "policy_iterations": cpu["policy_iterations"]}

@@ -19,26 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-
 from kernels.context import local_context, namespace_for, run_kind
 from kernels.registry import get_kind
-from tests.kernels.test_kinds_examples import compare_leaves
-
-
-def _sccs_tables() -> dict[str, pd.DataFrame]:
-    from kernels.sccs.synthetic import generate, to_tables
-
-    tables = to_tables(generate(np, n_cases=3_000, n_drugs=40, seed=5).data)
-    outcomes = pd.DataFrame(
-        {"rowId": tables.row_id, "stratumId": tables.stratum_id, "time": tables.time, "y": tables.y}
-    )
-    covariates = pd.DataFrame(
-        {"rowId": tables.cov_row_id, "covariateId": tables.cov_id, "covariateValue": tables.cov_value}
-    )
-    return {"outcomes_dataset_id": outcomes, "covariates_dataset_id": covariates}
-
+from kernels.result_diff import compare_leaves
+from kernels.sccs.jobs import cyclops_frames
 
 CASES: list[tuple[str, dict[str, Any], Any]] = [
     (
@@ -92,7 +76,7 @@ CASES: list[tuple[str, dict[str, Any], Any]] = [
             "cross_validation": {"folds": 5, "grid": [0.01, 0.1, 1.0], "seed": 1},
             "bootstrap": {"replicates": 20, "seed": 2},
         },
-        _sccs_tables,
+        lambda: cyclops_frames(n_cases=3_000, n_drugs=40, seed=5),
     ),
     (
         "ks_solve",

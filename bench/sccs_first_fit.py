@@ -95,8 +95,10 @@ def measure(folder: Path, cache: Path, label: str) -> None:
     cupy.cuda.Device(0).use()
     cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))  # the CUDA context
     opened = time.perf_counter() - start
-    from kernels.sccs import jobs  # declares ccd.cu and registers the SCCS warm-up hook
+    from kernels.registry import registry
+    from kernels.sccs import jobs
 
+    registry()  # as the worker does: every kind's sources and warm-up hooks are declared before the warm-up
     compiled = cuda.warm_up()
     cupy.cuda.Device().synchronize()
     _report(step="warm_up", cache=label, seconds=time.perf_counter() - start, cupy_import_and_context=opened,

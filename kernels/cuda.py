@@ -66,7 +66,9 @@ class KernelSource:
 _SOURCES: dict[Path, KernelSource] = {}
 _WARM_UP_HOOKS: list[Callable[[], None]] = []
 _LOCK = threading.Lock()
-_MODULES: dict[tuple[int, Path, tuple[tuple[str, str], ...]], Any] = {}
+ModuleKey = tuple[int, Path, tuple[tuple[str, str], ...]]  # (device id, source file, normalised defines)
+_MODULES: dict[ModuleKey, Any] = {}
+_FUNCTIONS: dict[tuple[ModuleKey, str], Any] = {}
 
 
 def _define_text(value: DefineValue) -> str:
@@ -108,7 +110,10 @@ def kernel_source(
         if not (KERNELS_DIR / header).is_file():
             raise FileNotFoundError(f"CUDA header {header!r} not found under kernels/")
     source = KernelSource(path, headers, tuple(_normalise(defines) for defines in warm_up))
-    return _SOURCES.setdefault(path, source)
+    known = _SOURCES.setdefault(path, source)
+    if (known.headers, known.warm_up_defines) != (source.headers, source.warm_up_defines):
+        raise ValueError(f"CUDA source {known.name} declared twice with different headers or warm-up variants")
+    return known
 
 
 def declared_sources() -> tuple[KernelSource, ...]:
@@ -123,23 +128,36 @@ def compile_options(source: KernelSource, defines: Defines | None = None) -> tup
     return (CXX_STANDARD, *(f"-D{name}={value}" for name, value in sorted(merged.items())))
 
 
+def _module_for(cupy: Any, key: ModuleKey, source: KernelSource, defines: Defines | None) -> Any:
+    compiled = _MODULES.get(key)  # a plain dict read: the launch path takes no lock once compiled
+    if compiled is None:
+        with _LOCK:
+            compiled = _MODULES.get(key)
+            if compiled is None:
+                compiled = cupy.RawModule(code=source.text(), options=compile_options(source, defines))
+                compiled.compile()  # now, not at the first get_function: compile errors surface here
+                _MODULES[key] = compiled
+    return compiled
+
+
 def module(source: KernelSource, defines: Defines | None = None) -> Any:
     """The compiled ``cupy.RawModule`` of ``source`` with ``defines`` on the current device (cached)."""
     import cupy  # only a GPU path calls this
 
-    key = (cupy.cuda.Device().id, source.path, _normalise(defines))
-    with _LOCK:
-        compiled = _MODULES.get(key)
-        if compiled is None:
-            compiled = cupy.RawModule(code=source.text(), options=compile_options(source, defines))
-            compiled.compile()  # now, not at the first get_function: compile errors surface here
-            _MODULES[key] = compiled
-    return compiled
+    return _module_for(cupy, (cupy.cuda.Device().id, source.path, _normalise(defines)), source, defines)
 
 
 def function(source: KernelSource, name: str, defines: Defines | None = None) -> Any:
-    """One ``extern "C" __global__`` function of the compiled module."""
-    return module(source, defines).get_function(name)
+    """One ``extern "C" __global__`` function of the compiled module, cached: CuPy's ``get_function`` makes a
+    new kernel object and asks the driver again on every call, and kernels are launched in loops."""
+    import cupy
+
+    key = (cupy.cuda.Device().id, source.path, _normalise(defines))
+    kernel = _FUNCTIONS.get((key, name))
+    if kernel is None:
+        kernel = _module_for(cupy, key, source, defines).get_function(name)
+        _FUNCTIONS[(key, name)] = kernel  # a lost race stores an equal kernel: harmless
+    return kernel
 
 
 def on_warm_up(hook: Callable[[], None]) -> Callable[[], None]:
@@ -161,9 +179,19 @@ def warm_up() -> int:
         for defines in source.warm_up_defines:
             module(source, dict(defines))
             count += 1
+    failures = []
     for hook in _WARM_UP_HOOKS:
-        hook()
+        try:
+            hook()
+        except Exception as exc:  # one failing hook must not skip the others: run them all, then say which
+            failures.append(f"{getattr(hook, '__qualname__', hook)}: {type(exc).__name__}: {exc}")
+    if failures:
+        raise WarmUpError("; ".join(failures))
     return count
+
+
+class WarmUpError(RuntimeError):
+    """One or more warm-up hooks failed (after every hook was tried); jobs then pay those costs themselves."""
 
 
 def use_disk_cache(directory: Path) -> None:
@@ -173,6 +201,7 @@ def use_disk_cache(directory: Path) -> None:
 
 
 def clear_process_cache() -> None:
-    """Forget the compiled modules of this process (tests of the warm-up use it)."""
+    """Forget the compiled modules and functions of this process (tests of the cache use it)."""
     with _LOCK:
         _MODULES.clear()
+        _FUNCTIONS.clear()

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kernels import cuda
-from kernels.backend import is_numpy
+from kernels.backend import get_namespace, is_numpy
 from kernels.context import RunContext, local_context
 from kernels.registry import JobKind, KindExample
 from kernels.sccs import bootstrap as boot
@@ -408,12 +408,13 @@ def warm_up_fit() -> None:
     (sorts, bincount, cumsum, sparse conversions...), the cuSPARSE handle, the first CUDA-graph capture and
     the pinned staging buffers of the tables' copy to the device (the ``ccd.cu`` variants are compiled by
     :func:`kernels.cuda.warm_up` itself). Runs tiny jobs on the GPU."""
+    xp = get_namespace("gpu")
+    transfer.reserve(xp)  # the staging ring, kept for the process: first, so a failing tiny job cannot skip it
+    transfer.to_device(xp, np.zeros(1 << 16), min_bytes=0)  # its threads, streams and copy path, once
     frames = cyclops_frames(n_cases=200, n_drugs=6, seed=1)
     for job in _WARM_UP_JOBS:
         params = SccsParams.model_validate({"outcomes_dataset_id": "o", "covariates_dataset_id": "c", **job})
-        ctx = local_context("gpu", datasets=frames)
-        run_fit(params, ctx)
-        transfer.reserve(ctx.xp)  # once per device: the staging ring is kept
+        run_fit(params, local_context(xp=xp, datasets=frames))
 
 
 KINDS = [

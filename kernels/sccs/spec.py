@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kernels.spec import JobParams, ResultModel
+from kernels.spec import JobParams, ResultModel, ResultPart
 
 DEFAULT_CV_SEED = 20130411
 DEFAULT_BOOTSTRAP_SEED = 20130412
@@ -14,12 +14,6 @@ DEFAULT_BOOTSTRAP_SEED = 20130412
 
 class _Section(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-
-class _Entry(BaseModel):
-    """One entry of a result's list (no device or timings of its own: the result has them)."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 class PriorSpec(_Section):
@@ -79,7 +73,7 @@ class SccsParams(JobParams):
     )
 
 
-class Coefficient(_Entry):
+class Coefficient(ResultPart):
     covariate_id: int
     name: str | None
     estimate: float = Field(description="log relative incidence (MAP)")
@@ -89,7 +83,7 @@ class Coefficient(_Entry):
     nonzero_share: float | None = Field(default=None, description="share of bootstrap replicates with b != 0 (L1)")
 
 
-class CvPoint(_Entry):
+class CvPoint(ResultPart):
     variance: float
     predictive_log_likelihood: float = Field(description="mean over folds of the held-out log-likelihood")
     fold_predictive_log_likelihood: list[float]

@@ -13,14 +13,14 @@ transfers. The bytes arrive unchanged: this is a copy, with no arithmetic.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from kernels.backend import array_namespace, is_numpy
+from kernels.backend import array_namespace, is_numpy, to_host
 
 CHUNK_BYTES = 64 << 20
 SLOTS = 4
@@ -86,7 +86,7 @@ def to_device(xp: ModuleType, array: Any, chunk_bytes: int = CHUNK_BYTES, min_by
     """``array`` in the namespace ``xp``: NumPy returns it as an ndarray; CuPy copies a host array of at least
     ``min_bytes`` through the staging ring (smaller ones and device arrays as ``cupy.asarray``)."""
     if is_numpy(xp):
-        return np.asarray(array)
+        return to_host(array)
     if not is_numpy(array_namespace(array)):  # on the device already
         return xp.asarray(array)
     host = np.ascontiguousarray(array)
@@ -103,8 +103,12 @@ def to_device(xp: ModuleType, array: Any, chunk_bytes: int = CHUNK_BYTES, min_by
         count = len(ring.slots)
         work = [ring.pool.submit(_copy_chunks, xp, device, slot, source, out.data.ptr, chunks[k::count])
                 for k, slot in enumerate(ring.slots)]
-        for future in work:
-            future.result()
+        # Every thread and every queued copy ends before the ring is released (or ``out`` freed, on an error):
+        # a later transfer must never share a staging buffer with a copy still in flight.
+        wait(work)
         for slot in ring.slots:
             slot.stream.synchronize()
+            slot.done = None
+        for future in work:
+            future.result()  # re-raise the first failure, now that nothing is in flight
     return out

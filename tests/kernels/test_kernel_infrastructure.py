@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -197,21 +198,93 @@ def test_cancel_at_the_final_report_still_cancels() -> None:
 
 # -- CUDA loader conventions (no GPU needed) -------------------------------------------------------------
 
-def test_every_declared_source_exists_and_compiles_with_one_standard_and_its_defines() -> None:
+def test_every_kernel_file_is_declared_and_names_the_headers_it_uses() -> None:
+    """Every .cu under kernels/ is declared through the loader (so it is warmed up and cached), includes
+    nothing itself (the loader prepends headers, keeping the disk-cache key the whole text), and a source
+    that calls the Philox functions or uses a stream define declares philox.cuh."""
     registry()  # imports every kernel module, so every source is declared
-    sources = cuda.declared_sources()
-    assert sources, "no CUDA source declared"
-    for source in sources:
-        assert source.path.suffix == ".cu" and source.path.is_file()
-        text = source.text()
-        for header in source.headers:
-            assert (cuda.KERNELS_DIR / header).read_text() in text
-        for defines in source.warm_up_defines or ((),):
-            options = cuda.compile_options(source, dict(defines))
-            assert options[0] == cuda.CXX_STANDARD
-            assert sum(option.startswith(("-std", "--std")) for option in options) == 1
-            assert all(f"-D{name}={value}" in options for name, value in defines)
-            assert source.uses_rng() == any(o.startswith("-DGPUEST_STREAM_") for o in options)
+    declared = {source.path: source for source in cuda.declared_sources()}
+    for path in cuda.KERNELS_DIR.rglob("*.cu"):
+        assert path in declared, f"{path.relative_to(cuda.KERNELS_DIR)} is not declared with cuda.kernel_source"
+        body = path.read_text()
+        assert "#include" not in body, f"{path.name}: name headers in kernel_source(headers=...) instead"
+        needs_rng = "gpuest_" in body or "GPUEST_STREAM_" in body
+        assert needs_rng == declared[path].uses_rng(), f"{path.name}: philox.cuh declared iff used"
+        assert declared[path].warm_up_defines, f"{path.name}: no warm-up variant: its first job would compile"
+
+
+class _FakeCupy:
+    """Stands in for CuPy's compile API only (no GPU here): counts compiles and function look-ups."""
+
+    def __init__(self) -> None:
+        self.compiled: list[tuple[str, ...]] = []
+        self.lookups: list[str] = []
+        self.device_id = 0
+        fake = self
+
+        class Device:
+            @property
+            def id(self) -> int:
+                return fake.device_id
+
+        class RawModule:
+            def __init__(self, code: str, options: tuple[str, ...]) -> None:
+                self.options = options
+
+            def compile(self) -> None:
+                fake.compiled.append(self.options)
+
+            def get_function(self, name: str) -> tuple[str, tuple[str, ...]]:
+                fake.lookups.append(name)
+                return (name, self.options)
+
+        self.RawModule = RawModule
+        self.cuda = type("cuda", (), {"Device": Device})
+
+
+def test_modules_compile_once_per_device_and_defines_and_functions_are_looked_up_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    cuda.clear_process_cache()
+    source = cuda.kernel_source(__file__, "rng_draw.cu", headers=[cuda.PHILOX_HEADER])
+    try:
+        first = cuda.function(source, "draw", {"K": 3})
+        assert cuda.function(source, "draw", {"K": 3}) is first
+        assert cuda.module(source, {"K": 3}) is cuda.module(source, {"K": 3})
+        assert cuda.function(source, "stream_numbers", {"K": 3})[0] == "stream_numbers"
+        assert len(fake.compiled) == 1 and fake.lookups == ["draw", "stream_numbers"]
+        assert "-DK=3" in fake.compiled[0] and fake.compiled[0][0] == cuda.CXX_STANDARD
+        cuda.function(source, "draw", {"K": 4})
+        fake.device_id = 1
+        cuda.function(source, "draw", {"K": 3})
+        assert len(fake.compiled) == 3, "another define set or another device compiles its own module"
+    finally:
+        cuda.clear_process_cache()
+
+
+def test_a_source_declared_twice_differently_is_refused() -> None:
+    cuda.kernel_source(__file__, "rng_draw.cu", headers=[cuda.PHILOX_HEADER])
+    with pytest.raises(ValueError, match="declared twice"):
+        cuda.kernel_source(__file__, "rng_draw.cu")
+
+
+def test_a_failing_warm_up_hook_does_not_skip_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+
+    def broken() -> None:
+        ran.append("broken")
+        raise RuntimeError("no cuSPARSE")
+
+    def fine() -> None:
+        ran.append("fine")
+
+    monkeypatch.setattr(cuda, "_WARM_UP_HOOKS", [broken, fine])
+    monkeypatch.setattr(cuda, "_SOURCES", {})
+    with pytest.raises(cuda.WarmUpError, match="broken: RuntimeError: no cuSPARSE"):
+        cuda.warm_up()
+    assert ran == ["broken", "fine"]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")

@@ -6,7 +6,6 @@ The examples are the kinds' own (``JobKind.example``), so a new kind is covered 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from kernels.backend import DeviceChoice
 from kernels.context import local_context, namespace_for, run_kind
 from kernels.progress import LocalProgress
 from kernels.registry import JobKind, registry
+from kernels.result_diff import compare_leaves
 
 # GPU and NumPy agree to this relative difference on every leaf (float64 kernels, sums in another order).
 TOLERANCE = 1e-9
@@ -22,8 +22,6 @@ TOLERANCE = 1e-9
 # error is the sums' rounding divided by the residual, so it is held to the sums' scale instead.
 RESIDUAL_TOLERANCE = 1e-6
 RESIDUAL_KEYS = frozenset({"gradient_norm"})
-# Wall-clock seconds and the device name differ by nature; artifacts are names of files.
-SKIPPED_KEYS = frozenset({"timings", "device", "artifacts", "seconds"})
 
 KIND_NAMES = sorted(registry())
 
@@ -32,31 +30,6 @@ def _run(kind: JobKind, device: DeviceChoice) -> tuple[dict[str, Any], LocalProg
     progress = LocalProgress()
     ctx = local_context(xp=namespace_for(kind, device), datasets=kind.example.frames(), progress=progress)
     return run_kind(kind, kind.example.params, ctx), progress
-
-
-def compare_leaves(left: Any, right: Any, path: str = "") -> list[tuple[float, str]]:
-    """(relative difference, path) for every numeric leaf of two result JSONs; asserts equal structure and
-    equal non-numeric leaves. Keys in ``SKIPPED_KEYS`` are not compared."""
-    if isinstance(left, dict):
-        assert isinstance(right, dict) and set(left) == set(right), f"{path}: keys differ"
-        return [
-            leaf
-            for key in left
-            if key not in SKIPPED_KEYS
-            for leaf in compare_leaves(left[key], right[key], f"{path}.{key}")
-        ]
-    if isinstance(left, list):
-        assert isinstance(right, list) and len(left) == len(right), f"{path}: lengths differ"
-        return [leaf for i, (a, b) in enumerate(zip(left, right, strict=True)) for leaf in
-                compare_leaves(a, b, f"{path}[{i}]")]
-    if isinstance(left, float) or isinstance(right, float):
-        assert isinstance(left, int | float) and isinstance(right, int | float), f"{path}: {left!r} vs {right!r}"
-        if math.isnan(left) or math.isnan(right):
-            assert math.isnan(left) and math.isnan(right), f"{path}: {left} vs {right}"
-            return []
-        return [(0.0 if left == right else abs(left - right) / max(abs(left), abs(right)), path)]
-    assert left == right, f"{path}: {left!r} vs {right!r}"
-    return []
 
 
 def worst_share(leaves: list[tuple[float, str]]) -> tuple[float, str]:
@@ -88,9 +61,8 @@ def test_example_runs_on_numpy_and_stamps_device_and_timings(kind_name: str) -> 
     result, progress = _run(kind, "cpu")
     kind.result_model.model_validate(result)
     assert result["device"] == "cpu"
-    assert result["timings"]["total"] == pytest.approx(
-        sum(seconds for stage, seconds in result["timings"].items() if stage != "total")
-    )
+    stages = {stage: seconds for stage, seconds in result["timings"].items() if stage != "total"}
+    assert stages and all(seconds >= 0 for seconds in stages.values()), "the runner timed no stage"
     assert progress.reports[-1] == (1.0, "done")
     fractions = [fraction for fraction, _ in progress.reports]
     assert all(0.0 <= f <= 1.0 for f in fractions)
@@ -109,12 +81,11 @@ def test_example_params_and_datasets_fit_the_kind(kind_name: str) -> None:
 @pytest.mark.parametrize("kind_name", KIND_NAMES)
 def test_example_gives_the_same_result_on_gpu_and_numpy(kind_name: str) -> None:
     kind = registry()[kind_name]
-    cpu, _ = _run(kind, "cpu")
     gpu, _ = _run(kind, "gpu")
-    assert cpu["device"] == "cpu"
-    if kind.host_only:
+    if kind.host_only:  # nothing to compare: both runs would be NumPy's
         assert gpu["device"] == "cpu", "a host-only kind runs on NumPy whatever the device choice"
-    else:
-        assert gpu["device"] != "cpu"
+        return
+    cpu, _ = _run(kind, "cpu")
+    assert cpu["device"] == "cpu" and gpu["device"] != "cpu"
     share, leaf = worst_share(compare_leaves(cpu, gpu, kind_name))
     assert share <= 1.0, f"worst leaf {leaf} at {share:.3g} x its tolerance"

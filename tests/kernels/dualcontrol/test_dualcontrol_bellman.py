@@ -148,7 +148,7 @@ def test_cuda_source_warms_up_both_precisions_with_the_defines_an_operator_compi
     """The worker compiles the float64 and float32 variants at start with exactly the defines a job's
     operator asks for (the module cache keys on them), so a fresh worker's first job compiles nothing;
     the golden-section constant reaches the kernel as the very literal of minimize.py."""
-    source = cuda.kernel_source(bellman.__file__, "bellman.cu")
+    source = bellman._SOURCE
     assert source.path.name == "bellman.cu" and source in cuda.declared_sources()
     warm = {dict(defines)["REAL"]: dict(defines) for defines in source.warm_up_defines}
     for dtype, real in ((np.float64, "double"), (np.float32, "float")):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -47,13 +46,12 @@ def test_kind_is_registered_with_its_example() -> None:
     kind.params_model.model_validate(kind.example.params)
 
 
-def test_example_is_small_and_runs_every_gpu_path() -> None:
-    """The cross-backend test runs the example on NumPy in CI and on the GPU: it must be quick, converge,
-    and take the optimal policy (improvement kernel, evaluation sweeps) with its myopic companion."""
+def test_example_runs_every_gpu_path() -> None:
+    """The cross-backend test runs the example on NumPy and on the GPU: it must converge and take the optimal
+    policy (improvement kernel, evaluation sweeps) with its myopic companion. (Its size is kept small by
+    review, not by a timed test.)"""
     params = KIND.params_model.model_validate(KIND.example.params)
-    started = time.perf_counter()
     result = _run(params)
-    assert time.perf_counter() - started < 10.0  # about 2 s on two idle cores; slack for a loaded machine
     assert params.policy == "optimal" and result["converged"]
     assert result["evaluation_sweeps"] > 0 and result["myopic_iterations"] > 0
     assert all(abs(state["control"]) > 1e-3 for state in result["states"])  # no control that is 0 up to rounding

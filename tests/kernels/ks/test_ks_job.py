@@ -141,32 +141,3 @@ def test_cancellation_stops_the_run() -> None:
     progress.cancel()
     with pytest.raises(JobCancelled):
         run_kind(KS_SOLVE, SMALL, local_context(device="cpu", progress=progress))
-
-
-def _numeric_gaps(left: object, right: object, path: str = "") -> list[tuple[float, str]]:
-    """Relative gap of every numeric leaf of two result JSONs (device and timings skipped); other leaves equal."""
-    if isinstance(left, dict):
-        assert isinstance(right, dict) and set(left) == set(right), path
-        return [gap for key in left if key not in ("device", "timings")
-                for gap in _numeric_gaps(left[key], right[key], f"{path}.{key}")]
-    if isinstance(left, list):
-        assert isinstance(right, list) and len(left) == len(right), path
-        return [gap for i, (a, b) in enumerate(zip(left, right, strict=True))
-                for gap in _numeric_gaps(a, b, f"{path}[{i}]")]
-    if isinstance(left, float):
-        return [(0.0 if left == right else abs(left - right) / max(abs(left), abs(right)), path)]
-    assert left == right, f"{path}: {left!r} vs {right!r}"
-    return []
-
-
-@pytest.mark.gpu
-def test_example_agrees_on_gpu_and_numpy() -> None:
-    """The kind's example through run_kind on both backends (what the cross-backend test of every kind does),
-    here without the other kinds' imports: every leaf within 1e-9 relative, the same iteration counts."""
-    example = KS_SOLVE.example.params
-    cpu = run_kind(KS_SOLVE, example, local_context(device="cpu"))
-    gpu = run_kind(KS_SOLVE, example, local_context(device="gpu"))
-    assert gpu["device"] != "cpu"
-    assert cpu["policy_iterations"] == gpu["policy_iterations"] and cpu["iterations"] == gpu["iterations"] == 2
-    worst = max(_numeric_gaps(cpu, gpu))
-    assert worst[0] < 1e-9, worst

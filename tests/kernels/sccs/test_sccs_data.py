@@ -8,7 +8,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from kernels.backend import to_host
+from kernels.backend import is_numpy, to_host
 from kernels.sccs import synthetic
 from kernels.sccs.data import IntervalTables, build_from_tables, eras_from_person_data
 
@@ -104,8 +104,10 @@ def test_build_gives_the_same_data_on_every_backend(xp: ModuleType) -> None:
               "cov_row_id": 5 * t.cov_row_id[cov_perm] + 1, "cov_id": 1000 - 3 * t.cov_id[cov_perm],
               "cov_value": values[cov_perm]}
     host = build_from_tables(**tables)
-    built = build_from_tables(**tables, xp=xp)
     assert host.dropped_cases > 0 and not host.data.binary
+    if is_numpy(xp):
+        return  # the host build is the reference: the comparison below is the device build's
+    built = build_from_tables(**tables, xp=xp)
     assert (built.dropped_cases, built.dropped_eras, built.data.binary) == (host.dropped_cases, host.dropped_eras,
                                                                           host.data.binary)
     np.testing.assert_array_equal(built.case_ids, host.case_ids)

@@ -90,8 +90,10 @@ def to_host(array: Any) -> np.ndarray:
     """A NumPy array of ``array`` (a CuPy array is copied from the device; a NumPy one is returned as is)."""
     if isinstance(array, np.ndarray):
         return array
-    get = getattr(array, "get", None)
-    return get() if callable(get) else np.asarray(array)
+    cupy = _cupy_or_none()
+    if cupy is not None and isinstance(array, cupy.ndarray):
+        return array.get()
+    return np.asarray(array)  # lists, scalars, pandas objects (whose .get is a dict-style lookup)
 
 
 def synchronize(xp: ModuleType) -> None:

@@ -104,6 +104,9 @@ def test_numpy_arrays_and_scalars_live_in_numpy() -> None:
     assert backend.is_numpy(np) and backend.device_label(np) == "cpu"
     host = np.arange(3)
     assert backend.to_host(host) is host and backend.to_host([1, 2]).tolist() == [1, 2]
+    import pandas as pd
+
+    assert backend.to_host(pd.Series([4.0, 5.0])).tolist() == [4.0, 5.0]  # a Series' .get is not CuPy's
 
 
 # -- run context and wrap-up ---------------------------------------------------------------------------

@@ -47,7 +47,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             "Set GPUEST_AUTH_ENABLED=true for anything reachable by others.",
             owner=settings.local_owner,
         )
-    log.info("gpuest API ready", kinds=sorted(app.state.kinds), database=_redacted(settings.resolved_database_url()))
+    log.info("gpuest API ready", kinds=sorted(registry()), database=_redacted(settings.resolved_database_url()))
     yield
 
 
@@ -67,7 +67,6 @@ def create_app() -> FastAPI:
         lifespan=lifespan,
         responses=PROBLEM_RESPONSES,
     )
-    app.state.kinds = kinds
     app.state.owner_cache = OwnerCache()
     metrics_registry, http_metrics = build_registry(sorted(kinds))
     app.state.metrics_registry = metrics_registry

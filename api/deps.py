@@ -1,13 +1,12 @@
 """Request dependencies (FastAPI ``Depends``), shared by the routers: the settings, a database session, the
-caller's owner (from the API key, or the local owner with auth off), the job registry, and the caller's job
-named by the path."""
+caller's owner (from the API key, or the local owner with auth off) and the job id a path names."""
 
 from __future__ import annotations
 
 import hashlib
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -18,11 +17,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api.problems import ProblemError
 from core.settings import Settings, get_settings
-from kernels.registry import JobKind
-from store import jobs as job_store
 from store.db import session_scope
 from store.keys import owner_for_key
-from store.models import Job
 
 # auto_error=False: a missing or malformed header becomes our 401 problem, not FastAPI's plain 403.
 bearer_scheme = HTTPBearer(auto_error=False, description="An API key created with `gpuest keys create OWNER`")
@@ -110,31 +106,4 @@ async def current_owner(
 OwnerDep = Annotated[str, Depends(current_owner)]
 
 
-async def kinds_dependency(request: Request) -> Mapping[str, JobKind]:
-    """The job registry the app was built with (name -> kind). async: no worker-thread hop for a lookup."""
-    return request.app.state.kinds  # type: ignore[no-any-return]
-
-
-KindsDep = Annotated[Mapping[str, JobKind], Depends(kinds_dependency)]
-
 JobIdPath = Annotated[str, PathParam(min_length=1, max_length=64, description="job id")]
-
-
-def job_not_found(job_id: str) -> ProblemError:
-    # Another owner's job answers exactly like a missing one.
-    return ProblemError(404, f"no job with id {job_id!r}", slug="job-not-found")
-
-
-def find_owned_job(session: Session, job_id: str, owner: str) -> Job:
-    """The owner's job ``job_id``, or the 404 problem."""
-    job = job_store.get_job(session, job_id, owner)
-    if job is None:
-        raise job_not_found(job_id)
-    return job
-
-
-def owned_job(job_id: JobIdPath, owner: OwnerDep, session: SessionDep) -> Job:
-    return find_owned_job(session, job_id, owner)
-
-
-OwnedJobDep = Annotated[Job, Depends(owned_job)]

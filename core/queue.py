@@ -2,7 +2,7 @@
 
 The database is the truth and the broker only a doorbell: a message carries nothing but the job id, and the
 worker reads everything else from the job row. The API sees only :func:`send` and :func:`broker_reachable`;
-the worker (``worker/tasks.py``) registers its task on :func:`celery_app` and is started with
+the worker (``worker/tasks.py``) registers its task on :func:`get_celery_app` and is started with
 ``celery -A worker.tasks:celery_app worker ...``.
 
 Nothing happens at import: the application (and the SQLAlchemy transport's polling interval) is set up on
@@ -64,7 +64,7 @@ def make_celery(settings: Settings) -> Celery:
 
 
 @cache
-def celery_app() -> Celery:
+def get_celery_app() -> Celery:
     """The process's Celery application, built on first use from the settings of that moment."""
     _poll_sqlalchemy_broker_faster()
     return make_celery(get_settings())
@@ -85,7 +85,9 @@ def broker_connection() -> Connection:
 def send(job_id: str, queue: str | None = None) -> None:
     """Send a job id to a worker queue: the job's own, else the one in the settings."""
     with broker_connection() as connection:
-        celery_app().send_task(RUN_JOB_TASK, args=[job_id], queue=queue or get_settings().queue, connection=connection)
+        get_celery_app().send_task(
+            RUN_JOB_TASK, args=[job_id], queue=queue or get_settings().queue, connection=connection
+        )
 
 
 def broker_reachable(timeout: float = 2.0) -> bool:

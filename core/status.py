@@ -19,10 +19,6 @@ class JobStatus(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    @property
-    def is_terminal(self) -> bool:
-        return self in TERMINAL_STATUSES
-
 
 TERMINAL_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 # A job in one of these may still read its datasets.

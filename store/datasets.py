@@ -161,6 +161,7 @@ def delete_dataset(session: Session, dataset: Dataset) -> None:
     event.listen(session, "after_commit", lambda _session: path.unlink(missing_ok=True), once=True)
 
 
-def load_frame(dataset: Dataset) -> Any:
-    """The dataset as a pandas DataFrame (what runners receive)."""
-    return pq.read_table(dataset.path).to_pandas()
+def load_frame(dataset: Dataset | str | os.PathLike[str]) -> Any:
+    """The dataset (its row, or the path of its file) as a pandas DataFrame (what runners receive)."""
+    path = dataset.path if isinstance(dataset, Dataset) else dataset
+    return pq.read_table(path).to_pandas()

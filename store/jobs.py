@@ -93,9 +93,10 @@ def count_by_kind_and_status(session: Session) -> list[tuple[str, str, int]]:
     return [(kind, status, count) for kind, status, count in rows]
 
 
-def claim(session: Session, job_id: str, *, worker: str, device: str) -> bool:
-    """queued -> running for this worker; False when another claim, a cancel or a finish came first."""
-    now = utcnow()
+def claim(session: Session, job_id: str, *, worker: str, device: str, now: datetime | None = None) -> bool:
+    """queued -> running for this worker, started at ``now`` (default: the current time); False when another
+    claim, a cancel or a finish came first."""
+    now = now or utcnow()
     result = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.QUEUED, Job.cancel_requested.is_(False))

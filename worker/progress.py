@@ -35,6 +35,11 @@ class JobProgress:
         self._last_write = 0.0
 
     def __call__(self, fraction: float, stage: str | None = None) -> None:
+        if fraction >= 1.0:
+            # The final report (run_kind's "done") comes once the result exists: job_store.finish writes
+            # progress 1.0 and stage "done" anyway, and a checkpoint here would let a late cancel or a warm
+            # shutdown throw the computed result away.
+            return
         # Before the rate limit: a shutdown has a grace period, and every checkpoint may be the last in it.
         if worker_stopping.is_set():
             raise WorkerStopping(f"worker stopping; job {self.job_id} goes back to the queue")

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from celery.signals import worker_init, worker_ready, worker_shutting_down
 from pydantic import ValidationError
-from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 import core.queue
@@ -43,7 +42,7 @@ from store import jobs as job_store
 from store.datasets import get_dataset, load_frame
 from store.db import session_scope
 from store.migrate import SchemaNotMigratedError, ensure_migrated
-from store.models import Job
+from store.models import Job, utcnow
 from worker.health import touch
 from worker.progress import Heartbeat, JobProgress, WorkerStopping, worker_stopping
 
@@ -56,7 +55,7 @@ WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 # CuPy's on-disk cache of compiled kernels, under the data directory: a restarted worker loads them.
 CUDA_CACHE_DIR_NAME = "cuda-cache"
 
-celery_app = core.queue.celery_app()
+celery_app = core.queue.get_celery_app()
 
 
 class Activity:
@@ -105,10 +104,13 @@ class Placement:
     ``kind`` is None for an unknown kind name and ``xp`` None for an unusable device; ``error`` then says
     why the job fails instead of running."""
 
-    device: str
     kind: JobKind | None = None
     xp: ModuleType | None = None
     error: Exception | None = None
+
+    @property
+    def device(self) -> str:
+        return "unavailable" if self.xp is None else device_label(self.xp)
 
 
 def place(kind_name: str) -> Placement:
@@ -119,9 +121,10 @@ def place(kind_name: str) -> Placement:
         kind, kind_error = None, exc
     try:
         xp = namespace_for(kind) if kind is not None else backend.get_namespace()
-        return Placement(device_label(xp), kind, xp, kind_error)
     except (GPUUnavailableError, ValueError) as exc:  # GPUEST_DEVICE=gpu without a GPU, or a bad value
-        return Placement("unavailable", kind, None, exc)
+        # An unknown kind is the job's own error: report it rather than the device's.
+        return Placement(kind, None, kind_error or exc)
+    return Placement(kind, xp, kind_error)
 
 
 def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
@@ -132,15 +135,19 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
         pass_on(job_id)
         return None
     with session_scope() as session:
-        kind_name = session.scalar(select(Job.kind).where(Job.id == job_id))
-        placement = place(kind_name) if kind_name is not None else None
-        if placement is None or not job_store.claim(session, job_id, worker=worker, device=placement.device):
+        job = session.get(Job, job_id)
+        if job is None or job.status != JobStatus.QUEUED:
             log.info("job not claimed", job_id=job_id)
             return None
-        job = session.get(Job, job_id)
-        assert job is not None
+        placement = place(job.kind)
+        started_at = utcnow()
+        # The conditional UPDATE is the real guard: another claim or a cancel may have come since the read.
+        if not job_store.claim(session, job_id, worker=worker, device=placement.device, now=started_at):
+            log.info("job not claimed", job_id=job_id)
+            return None
+        kind_name, queue = job.kind, job.queue
         params, dataset_ids = dict(job.params), dict(job.dataset_ids)
-        queue_wait = _seconds_between(job.created_at, job.started_at)
+        queue_wait = _seconds_between(job.created_at, started_at)
     log.info("job started", job_id=job_id, kind=kind_name, worker=worker)
 
     progress = JobProgress(job_id, worker)
@@ -149,7 +156,7 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
         status, result, error = _run(job_id, placement, params, dataset_ids, progress)
     run_seconds = time.perf_counter() - started
     if status == JobStatus.QUEUED:
-        if hand_back(job_id, worker):
+        if hand_back(job_id, worker, queue):
             log.info("job handed back to the queue: worker stopping", job_id=job_id, run_seconds=round(run_seconds, 3))
             return JobStatus.QUEUED
         status = JobStatus.CANCELLED  # not released: its cancel was requested meanwhile (or it is no longer ours)
@@ -211,19 +218,20 @@ def dataset_loader(dataset_ids: Mapping[str, str]) -> DatasetLoader:
         dataset_id = dataset_ids[field]
         with session_scope() as session:
             dataset = get_dataset(session, dataset_id)
-        if dataset is None:
-            raise ValueError(f"{field}: dataset {dataset_id} no longer exists")
-        return load_frame(dataset)
+            if dataset is None:
+                raise ValueError(f"{field}: dataset {dataset_id} no longer exists")
+            path = dataset.path  # read while the session is open, not on a detached instance
+        return load_frame(path)
 
     return load
 
 
-def hand_back(job_id: str, worker: str) -> bool:
+def hand_back(job_id: str, worker: str, queue: str | None) -> bool:
     """Release a job this stopping worker holds (running -> queued, the attempt given back) and send it
-    again at once, so the next worker on its queue runs it without waiting for the reaper."""
+    again at once to ``queue`` (the job's), so the next worker on it runs the job without waiting for the
+    reaper."""
     with session_scope() as session:
         released = job_store.release(session, job_id, worker=worker, stage=REQUEUED_STAGE)
-        queue = session.scalar(select(Job.queue).where(Job.id == job_id)) if released else None
     if not released:
         return False
     try:
@@ -337,7 +345,8 @@ def warm_up_gpu(cache_dir: Path) -> None:
         return  # no usable device: every job fails with the reason, there is nothing to warm
     if backend.is_numpy(xp):
         return
-    cuda.use_disk_cache(cache_dir)
+    if not os.environ.get("CUPY_CACHE_DIR"):  # an operator's own cache directory wins
+        cuda.use_disk_cache(cache_dir)
     started = time.perf_counter()
     try:
         modules = cuda.warm_up()

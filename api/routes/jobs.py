@@ -5,37 +5,25 @@ kind's request model, the result the union of every kind's result model (documen
 sends the stored JSON).
 """
 
-# No ``from __future__ import annotations`` here: the create route's body type is a union built from the
-# registry below, a module value that FastAPI must see as an object, not as a string to resolve.
-
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import structlog
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import (
-    JobIdPath,
-    KindsDep,
-    OwnedJobDep,
-    OwnerDep,
-    SessionDep,
-    SettingsDep,
-    find_owned_job,
-    job_not_found,
-)
+from api.deps import JobIdPath, OwnerDep, SessionDep, SettingsDep
 from api.pagination import LimitQuery, OffsetQuery, next_page
 from api.problems import ProblemError, field_error
 from api.schemas import ArtifactOut, JobOut, JobPage, job_request_union, job_result_union
 from core.queue import send
 from core.status import JobStatus
-from kernels.registry import registry, result_models
+from kernels.registry import get_kind, registry, result_models
 from store import jobs as job_store
 from store.artifacts import ARTIFACT_NAME_CHARS, job_artifact_dir
 from store.datasets import get_dataset
@@ -58,6 +46,26 @@ IdempotencyKeyHeader = Annotated[
 ]
 
 NOT_FOUND_RESPONSES: dict[int | str, dict[str, Any]] = {404: {"description": "No such job for this API key"}}
+
+
+def job_not_found(job_id: str) -> ProblemError:
+    # Another owner's job answers exactly like a missing one.
+    return ProblemError(404, f"no job with id {job_id!r}", slug="job-not-found")
+
+
+def find_owned_job(session: Session, job_id: str, owner: str) -> Job:
+    """The owner's job ``job_id``, or the 404 problem."""
+    job = job_store.get_job(session, job_id, owner)
+    if job is None:
+        raise job_not_found(job_id)
+    return job
+
+
+def owned_job(job_id: JobIdPath, owner: OwnerDep, session: SessionDep) -> Job:
+    return find_owned_job(session, job_id, owner)
+
+
+OwnedJobDep = Annotated[Job, Depends(owned_job)]
 
 
 def job_out(job_id: str, owner: str) -> JobOut:
@@ -107,14 +115,13 @@ def idempotency_key_reused() -> ProblemError:
 def create_job(
     body: JobRequest,  # type: ignore[valid-type]
     response: Response,
-    kinds: KindsDep,
     owner: OwnerDep,
     session: SessionDep,
     settings: SettingsDep,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> JobOut:
     """Validate the spec against its kind, store the job as `queued` and ring the worker queue."""
-    kind = kinds[body.kind]
+    kind = get_kind(body.kind)  # the registry the request union was built from
     params: BaseModel = body.params
     dataset_ids = kind.dataset_ids(params)
     check_datasets(session, owner, dataset_ids)

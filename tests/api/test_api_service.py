@@ -168,7 +168,7 @@ def test_importing_the_app_touches_neither_the_worker_nor_the_broker(api_env, tm
     # A fresh interpreter: this one has imported everything already.
     probe = (
         "import sys, api.app, core.queue; "
-        "print(core.queue.celery_app.cache_info().currsize, sorted(name for name in ('celery', 'kombu', 'worker') "
+        "print(core.queue.get_celery_app.cache_info().currsize, sorted(name for name in ('celery', 'kombu', 'worker') "
         "if name in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**os.environ, **api_env},

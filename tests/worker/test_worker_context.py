@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from core.settings import get_settings
+from kernels import backend
 from kernels.backend import gpu_available
 from kernels.context import RunContext
 from kernels.registry import JobKind, KindExample
@@ -124,11 +125,47 @@ def test_a_host_only_kind_runs_on_numpy_where_the_worker_demands_a_gpu(
     assert job.device == "unavailable" and job.error["type"] == "GPUUnavailableError"
 
 
-def test_an_unknown_kind_fails_with_the_known_ones_named(stack_env: dict[str, str], kinds: dict[str, JobKind]) -> None:
+def test_an_unknown_kind_fails_with_the_known_ones_named(stack_env: dict[str, str]) -> None:
     job_id = submit("no_such_kind", {}, {})
     assert execute_job(job_id, worker="w1") == "failed"
     job = load(job_id)
-    assert job.error["type"] == "KeyError" and "no_such_kind" in job.error["message"] and job.device == "cpu"
+    assert job.error["type"] == "KeyError" and job.device == "cpu"
+    assert "no_such_kind" in job.error["message"] and "crve_bootstrap" in job.error["message"]
+
+
+def test_an_unknown_kind_is_reported_before_a_missing_gpu(
+    stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def missing(device: Any = None) -> Any:
+        raise backend.GPUUnavailableError("GPUEST_DEVICE=gpu but no CUDA device is usable through CuPy")
+
+    monkeypatch.setattr(backend, "get_namespace", missing)
+    job_id = submit("no_such_kind", {}, {})
+    assert execute_job(job_id, worker="w1") == "failed"
+    job = load(job_id)
+    assert job.error["type"] == "KeyError" and "no_such_kind" in job.error["message"]
+    assert job.device == "unavailable"
+
+
+def test_a_cancel_requested_at_the_final_report_keeps_the_result(
+    stack_env: dict[str, str], kinds: dict[str, JobKind]
+) -> None:
+    # The cancel arrives once the runner has its result: the final progress report (run_kind's "done")
+    # is no checkpoint, so the computed result is kept.
+    job_ids: list[str] = []
+
+    def cancelled_as_it_returns(params: TableParams, ctx: RunContext) -> TableResult:
+        with session_scope() as session:
+            job = job_store.request_cancel(session, job_ids[0], "tester")
+            assert job is not None and job.cancel_requested
+        return TableResult(rows=None, on_gpu=ctx.on_gpu)
+
+    kinds["test_late_cancel"] = dataclasses.replace(TABLE_KIND, name="test_late_cancel", run=cancelled_as_it_returns)
+    job_ids.append(submit("test_late_cancel", {"dataset_id": "unused", "read": False}, {}))
+    assert execute_job(job_ids[0], worker="w1") == "succeeded"
+    job = load(job_ids[0])
+    assert job.status == "succeeded" and job.result is not None and job.result["rows"] is None
+    assert (job.progress, job.stage) == (1.0, "done")
 
 
 def test_a_runner_returning_the_wrong_model_fails_the_job(

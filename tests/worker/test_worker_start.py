@@ -1,6 +1,6 @@
 """Worker start (Celery's worker_init): on a GPU, CuPy's disk cache is pointed into the data directory before
-anything compiles, then the kernels are warmed up; a failed warm-up is logged and the worker serves anyway;
-on CPU none of it runs. The GPU is a stand-in here (this runs on any machine)."""
+anything compiles (unless the operator set CUPY_CACHE_DIR), then the kernels are warmed up; a failed warm-up is
+logged and the worker serves anyway; on CPU none of it runs. The GPU is a stand-in here (this runs on any machine)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[Any]
     """What worker start did, in order; the schema check and logging set-up are skipped."""
     made: list[Any] = []
     monkeypatch.setenv("GPUEST_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("CUPY_CACHE_DIR", raising=False)
     get_settings.cache_clear()
     monkeypatch.setattr("worker.tasks.configure_worker_logging", lambda: None)
     monkeypatch.setattr("worker.tasks.ensure_migrated", lambda: None)
@@ -48,6 +49,15 @@ def test_on_a_gpu_the_disk_cache_comes_before_the_warm_up(
     assert calls == ["registry", ("use_disk_cache", tmp_path / CUDA_CACHE_DIR_NAME), "warm_up"]
     (warmed,) = [entry for entry in logs if entry["event"] == "kernels warmed up"]
     assert warmed["modules"] == 5 and warmed["seconds"] >= 0
+
+
+def test_an_operators_cupy_cache_dir_is_kept(
+    calls: list[Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    on_gpu(monkeypatch)
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path / "operator-cache"))
+    _prepare_worker()
+    assert calls == ["registry", "warm_up"]
 
 
 def test_a_failed_warm_up_is_logged_and_the_worker_starts_anyway(

@@ -40,7 +40,7 @@ FROM base AS api
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
-CMD ["uvicorn", "api.app:app", "--host", "0.0.0.0", "--port", "8000", "--no-access-log"]
+CMD ["uvicorn", "api.app:app", "--host", "0.0.0.0", "--port", "8000", "--no-access-log", "--http", "api.http_protocol:ProblemHttpToolsProtocol"]
 
 # -- worker-gpu: one Celery worker per GPU on the CUDA runtime, CuPy for CUDA 13 -------------------
 FROM ${CUDA_IMAGE} AS worker-gpu

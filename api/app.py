@@ -14,9 +14,10 @@ from starlette.concurrency import run_in_threadpool
 from api.body_limit import MAX_JSON_BODY_BYTES, BodyLimitMiddleware
 from api.deps import OwnerCache
 from api.metrics import RequestMiddleware, build_registry
-from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers
+from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers, route_methods
 from api.routes import datasets, health, jobs
 from api.schemas import PROBLEM_RESPONSES
+from api.text_guard import StorableTextGuard
 from core.logging import configure_logging
 from core.settings import get_settings
 from kernels.registry import registry
@@ -68,14 +69,19 @@ def create_app() -> FastAPI:
         responses=PROBLEM_RESPONSES,
     )
     app.state.owner_cache = OwnerCache()
-    metrics_registry, http_metrics = build_registry(sorted(kinds))
+    metrics_registry, public_metrics_registry, http_metrics = build_registry(sorted(kinds))
     app.state.metrics_registry = metrics_registry
+    app.state.public_metrics_registry = public_metrics_registry
     install_problem_handlers(app, sorted(kinds))
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(datasets.router)
+    app.state.route_methods = route_methods(
+        [*app.router.routes, *health.router.routes, *jobs.router.routes, *datasets.router.routes]
+    )
     # Uploads stream under their own limit (api.uploads); every other body is a small JSON document.
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_JSON_BODY_BYTES, exempt_prefixes=(datasets.router.prefix,))
+    app.add_middleware(StorableTextGuard)
     app.add_middleware(RequestMiddleware, metrics=http_metrics)
     _document_problems_as_problem_json(app)
     return app

@@ -4,6 +4,7 @@ caller's owner (from the API key, or the local owner with auth off) and the job 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import threading
 import time
 from collections.abc import Iterator
@@ -47,6 +48,10 @@ class OwnerCache:
         if entry is None or entry[1] < time.monotonic():
             return None
         return entry[0]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
 
     def put(self, key: str, owner: str) -> None:
         with self._lock:
@@ -104,6 +109,19 @@ async def current_owner(
 
 
 OwnerDep = Annotated[str, Depends(current_owner)]
+
+
+def details_allowed(request: Request, settings: Settings) -> bool:
+    """Whether this request may see operator details: every owner's job counts in /metrics, the driver's
+    reason (host, port) in /readyz. Yes with ``Authorization: Bearer <GPUEST_METRICS_TOKEN>``, with
+    ``GPUEST_EXPOSE_DETAILS=true``, or with auth off (one owner, nothing to hide from it)."""
+    if settings.expose_details or not settings.auth_enabled:
+        return True
+    if settings.metrics_token is None:
+        return False
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    expected = settings.metrics_token.get_secret_value()
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected.encode())
 
 
 JobIdPath = Annotated[str, PathParam(min_length=1, max_length=64, description="job id")]

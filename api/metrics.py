@@ -132,12 +132,18 @@ class RequestMiddleware:
         started = time.perf_counter()
         status = 500
         request_id = _client_request_id(scope) or uuid.uuid4().hex
+        # Also on request.state: the 500 handler runs outside this middleware (in Starlette's
+        # ServerErrorMiddleware) and names the id in its problem, so a user can quote it.
+        scope.setdefault("state", {})["request_id"] = request_id
 
         async def send_with_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == b"x-request-id" for name, _ in headers):
+                    headers.append((b"x-request-id", request_id.encode()))
+                message["headers"] = headers
             await send(message)
 
         with structlog.contextvars.bound_contextvars(request_id=request_id):
@@ -163,8 +169,13 @@ def _client_request_id(scope: Scope) -> str | None:
     return None
 
 
-def build_registry(known_kinds: Sequence[str]) -> tuple[CollectorRegistry, HttpMetrics]:
-    """A registry per app (not the process-global one), so several apps in one process never collide."""
+def build_registry(known_kinds: Sequence[str]) -> tuple[CollectorRegistry, CollectorRegistry, HttpMetrics]:
+    """Registries per app (not the process-global one), so several apps in one process never collide: the
+    full one (the jobs table's counts, every owner's, and the HTTP metrics) and the public one (HTTP only)."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(JobStoreCollector(known_kinds))
-    return registry, HttpMetrics(registry)
+    http_metrics = HttpMetrics(registry)
+    public = CollectorRegistry(auto_describe=True)
+    public.register(http_metrics.requests)
+    public.register(http_metrics.latency)
+    return registry, public, http_metrics

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
@@ -11,10 +14,16 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
+
+from store.db import is_database_unavailable
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_PREFIX = "urn:gpuest:problem:"
+# Seconds a client is told to wait while the database is unreachable (a restart or failover takes a few).
+DATABASE_RETRY_AFTER_SECONDS = 5
 
 log = structlog.get_logger("gpuest.api")
 
@@ -60,6 +69,33 @@ def field_error(
     return error
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by its text and every lone surrogate (JSON's "\\ud800")
+    by its escape: JSON has no such numbers, UTF-8 no such characters, and a problem about one
+    (``{"replications": NaN}``) must still be a valid document."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, Mapping):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+class ProblemJSONResponse(JSONResponse):
+    media_type = PROBLEM_MEDIA_TYPE
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(_finite(content), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def request_id_of(request: Request) -> str | None:
+    """The request's correlation id (set by ``api.metrics.RequestMiddleware``), also in every log line."""
+    return getattr(request.state, "request_id", None)
+
+
 def problem_response(
     status: int,
     detail: str | None,
@@ -79,7 +115,12 @@ def problem_response(
     if errors is not None:
         body["errors"] = errors
     body.update(extensions or {})
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_MEDIA_TYPE, headers=dict(headers or {}))
+    all_headers = dict(headers or {})
+    if status == 500:
+        # The server closes the connection after an unexpected error (uvicorn does once the exception reaches
+        # it): say so, so a keep-alive client does not send its next request into a closed socket.
+        all_headers["Connection"] = "close"
+    return ProblemJSONResponse(body, status_code=status, headers=all_headers)
 
 
 # -- validation errors -------------------------------------------------------------------------------
@@ -89,6 +130,8 @@ MAX_ECHOED_CHARS = 200
 
 def _json_safe(value: Any) -> Any:
     """A JSON scalar safe to echo back: non-scalars as text, long text cut (inputs can be huge)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf": JSON has no such numbers
     if value is None or isinstance(value, bool | int | float):
         return value
     text = value if isinstance(value, str) else str(value)
@@ -162,17 +205,65 @@ def install_problem_handlers(app: FastAPI, kind_tags: Sequence[str]) -> None:
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
-        return problem_response(exc.status_code, detail, instance=request.url.path, headers=exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names the methods of the one route it tried; the path may have others (GET and POST).
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return problem_response(exc.status_code, detail, instance=request.url.path, headers=headers)
+
+    async def on_database_error(request: Request, exc: Exception) -> JSONResponse:
+        if not is_database_unavailable(exc):
+            return await on_unexpected(request, exc)
+        # One line, no traceback: an outage makes every request fail the same way.
+        log.warning("database unavailable", path=request.url.path, method=request.method,
+                    error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return database_unavailable(request)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # The traceback goes to the log, never to the client.
-        log.exception("unhandled error", path=request.url.path, method=request.method)
+        if is_database_unavailable(exc):  # raised outside the routes' handler scope (a middleware)
+            return await on_database_error(request, exc)
+        # The traceback goes to the log with the request id, never to the client: it gets the id only.
+        request_id = request_id_of(request)
+        log.exception("unhandled error", path=request.url.path, method=request.method, request_id=request_id)
         return problem_response(
-            500, "an unexpected error occurred; it has been logged", type_=problem_type("internal-error"),
-            instance=request.url.path,
+            500, "an unexpected error occurred; it has been logged"
+            + (f" under request id {request_id}" if request_id else ""),
+            type_=problem_type("internal-error"), instance=request.url.path,
+            headers={"X-Request-ID": request_id} if request_id else None,
+            extensions={"request_id": request_id} if request_id else None,
         )
 
     app.add_exception_handler(ProblemError, on_problem)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(SQLAlchemyError, on_database_error)
     app.add_exception_handler(Exception, on_unexpected)
+
+
+def database_unavailable(request: Request) -> JSONResponse:
+    """503 with Retry-After: the request was fine, the database is down (a restart, a failover)."""
+    return problem_response(
+        503, "the database is unavailable; retry later", type_=problem_type("database-unavailable"),
+        title="Service Unavailable", instance=request.url.path,
+        headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+    )
+
+
+RouteMethods = list[tuple[re.Pattern[str], frozenset[str]]]
+
+
+def route_methods(routes: Iterable[BaseRoute]) -> RouteMethods:
+    """(path pattern, methods) of every route that has both, for :func:`allowed_methods` (kept on
+    ``app.state.route_methods``: FastAPI's router nests included routers in private types)."""
+    return [
+        (route.path_regex, frozenset(route.methods))
+        for route in routes
+        if isinstance(getattr(route, "path_regex", None), re.Pattern) and getattr(route, "methods", None)
+    ]
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this request's path."""
+    table: RouteMethods = getattr(request.app.state, "route_methods", [])
+    path = request.url.path
+    return sorted({method for pattern, methods in table if pattern.match(path) for method in methods})

@@ -65,8 +65,13 @@ def job_result_union(result_models: Sequence[type[ResultModel]]) -> Any:
 # -- job -------------------------------------------------------------------------------------------------
 
 class JobErrorOut(BaseModel):
-    type: str
+    """Why a job failed: a short stable code and message; details (tracebacks, SQL, hosts) stay in the
+    worker's log under ``correlation_id``."""
+
+    type: str = Field(description="the error's class, e.g. ValueError (kept for older clients)")
     message: str
+    code: str | None = Field(default=None, description="stable machine-readable code, e.g. kernel_error")
+    correlation_id: str | None = Field(default=None, description="quote it to the operator: it finds the log lines")
 
 
 class JobLinks(BaseModel):
@@ -108,7 +113,8 @@ class JobOut(BaseModel):
             device=job.device,
             attempts=job.attempts or 0,
             error=JobErrorOut(
-                type=str(error.get("type", "Error")), message=str(error.get("message", ""))
+                type=str(error.get("type", "Error")), message=str(error.get("message", "")),
+                code=_optional_text(error.get("code")), correlation_id=_optional_text(error.get("correlation_id")),
             ) if error else None,
             timings=dict(job.timings or {}),
             cancel_requested=bool(job.cancel_requested),
@@ -118,6 +124,10 @@ class JobOut(BaseModel):
             artifacts=sorted((job.artifacts or {}).keys()),
             links=JobLinks(self=base, cancel=f"{base}/cancel", result=f"{base}/result", artifacts=f"{base}/artifacts"),
         )
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 class Page(BaseModel):

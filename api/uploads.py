@@ -32,8 +32,19 @@ class ReceivedFile:
 
 
 def too_large(max_bytes: int) -> ProblemError:
-    return ProblemError(413, f"the upload is larger than the limit of {max_bytes} bytes", slug="upload-too-large",
-                        extensions={"max_upload_bytes": max_bytes})
+    return ProblemError(413, f"the upload is larger than the limit of {max_bytes} bytes (the max_upload_bytes limit)",
+                        slug="upload-too-large", title="Upload too large",
+                        extensions={"limit": "max_upload_bytes", "max_upload_bytes": max_bytes})
+
+
+def _cut_off() -> ProblemError:
+    return ProblemError(400, "malformed multipart body: it ends before its closing boundary (the upload was cut off)",
+                        slug="malformed-multipart")
+
+
+def has_control_characters(text: str) -> bool:
+    """C0 and C1 control characters (NUL included: PostgreSQL cannot store it) and DEL."""
+    return any(ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0 for char in text)
 
 
 def _missing_file(field_name: str, message: str) -> ProblemError:
@@ -56,6 +67,7 @@ class _FilePartReceiver:
         self.filename = ""
         self.content_type: str | None = None
         self.size = 0
+        self.ended = False  # the closing boundary was seen
 
     def callbacks(self) -> dict[str, object]:
         return {
@@ -65,6 +77,7 @@ class _FilePartReceiver:
             "on_header_end": self.on_header_end,
             "on_headers_finished": self.on_headers_finished,
             "on_part_data": self.on_part_data,
+            "on_end": self.on_end,
         }
 
     def on_part_begin(self) -> None:
@@ -88,9 +101,17 @@ class _FilePartReceiver:
             raise ProblemError(422, f"send exactly one '{self.field_name}' part", slug="validation-error",
                                errors=[field_error(self.field_name, "sent more than once", type_="duplicate")])
         self.found = self.in_target = True
-        self.filename = os.path.basename(options.get(b"filename", b"").decode("utf-8", "replace")) or "upload"
+        filename = os.path.basename(options.get(b"filename", b"").decode("utf-8", "replace"))
+        if has_control_characters(filename):
+            message = "the file name must not contain control characters"
+            raise ProblemError(422, f"{self.field_name}: {message}", slug="validation-error", title="Invalid request",
+                               errors=[field_error(f"{self.field_name}.filename", message, type_="string_pattern")])
+        self.filename = filename or "upload"
         part_type = self.headers.get(b"content-type")
         self.content_type = part_type.decode("latin-1") if part_type else None
+
+    def on_end(self) -> None:
+        self.ended = True
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         if not self.in_target:
@@ -129,6 +150,8 @@ async def receive_file(request: Request, *, field_name: str, directory: Path, ma
                     raise too_large(max_bytes)
                 parser.write(chunk)
             parser.finalize()
+        if not receiver.ended:  # python-multipart's finalize() does not check this itself
+            raise _cut_off()
         if not receiver.found:
             raise _missing_file(field_name, "no file part with this name in the multipart body")
         return ReceivedFile(path, receiver.filename, receiver.content_type, receiver.size)

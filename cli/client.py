@@ -21,9 +21,11 @@ PARQUET_MEDIA_TYPE = "application/vnd.apache.parquet"
 UPLOAD_MEDIA_TYPES = {".csv": "text/csv", ".parquet": PARQUET_MEDIA_TYPE, ".pq": PARQUET_MEDIA_TYPE}
 
 
-class JobError(TypedDict):
+class JobError(TypedDict, total=False):
     type: str
     message: str
+    code: str
+    correlation_id: str
 
 
 class Job(TypedDict, total=False):
@@ -56,11 +58,15 @@ class Dataset(TypedDict, total=False):
 class ApiError(Exception):
     """A non-2xx answer; ``problem`` is the decoded problem+json body (or a stand-in built from the text)."""
 
-    def __init__(self, status_code: int, problem: Mapping[str, Any], method: str = "", url: str = "") -> None:
+    def __init__(
+        self, status_code: int, problem: Mapping[str, Any], method: str = "", url: str = "",
+        retry_after: float | None = None,
+    ) -> None:
         self.status_code = status_code
         self.problem = dict(problem)
         self.method = method
         self.url = url
+        self.retry_after = retry_after  # seconds, from a 503's Retry-After header
         super().__init__(self.describe())
 
     @classmethod
@@ -71,7 +77,8 @@ class ApiError(Exception):
             body = None
         if not isinstance(body, dict):
             body = {"title": response.reason_phrase or "error", "detail": response.text[:500] or None}
-        return cls(response.status_code, body, response.request.method, str(response.request.url))
+        return cls(response.status_code, body, response.request.method, str(response.request.url),
+                   retry_after=_seconds(response.headers.get("retry-after")))
 
     @property
     def title(self) -> str:
@@ -98,6 +105,13 @@ class ApiError(Exception):
             else:
                 text += f"\n  - {error}"
         return text
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:  # the HTTP-date form: not sent by gpuest
+        return None
 
 
 class GpuestClient:
@@ -195,13 +209,27 @@ class GpuestClient:
         poll_interval: float = 0.5,
         timeout: float | None = None,
         until: Callable[[Job], bool] | None = None,
+        unavailable_grace: float = 300.0,
     ) -> Job:
         """Poll until the job reaches a terminal status (or ``until(job)`` holds); ``on_progress`` sees every
-        polled job object. Raises TimeoutError after ``timeout`` seconds."""
+        polled job object. Raises TimeoutError after ``timeout`` seconds. While the service answers 503 (its
+        database restarting) it keeps polling after each Retry-After, for up to ``unavailable_grace`` seconds
+        in a row: the job itself is safe in the database."""
         done = until or (lambda job: job.get("status") in TERMINAL_STATUSES)
         deadline = None if timeout is None else time.monotonic() + timeout
+        unavailable_since: float | None = None
         while True:
-            job = self.get_job(job_id)
+            try:
+                job = self.get_job(job_id)
+            except ApiError as error:
+                now = time.monotonic()
+                unavailable_since = unavailable_since if unavailable_since is not None else now
+                if (error.status_code != 503 or now - unavailable_since > unavailable_grace
+                        or (deadline is not None and now >= deadline)):
+                    raise
+                time.sleep(min(error.retry_after if error.retry_after is not None else poll_interval, 30.0))
+                continue
+            unavailable_since = None
             if on_progress is not None:
                 on_progress(job)
             if done(job):

@@ -321,11 +321,7 @@ def db_upgrade() -> None:
     err.print(f"database at head: {_redact(get_settings().resolved_database_url())}", markup=False)
 
 
-@keys_app.command("create")
-def keys_create(owner: Annotated[str, typer.Argument(help="Owner name the key acts as.")]) -> None:
-    """Create an API key for OWNER and print its secret (shown only this once; stored hashed)."""
-    from store.db import session_scope
-    from store.keys import create_key
+def _require_migrated_database() -> None:
     from store.migrate import SchemaNotMigratedError, ensure_migrated
 
     try:
@@ -333,6 +329,15 @@ def keys_create(owner: Annotated[str, typer.Argument(help="Owner name the key ac
     except SchemaNotMigratedError as error:
         err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         raise typer.Exit(1) from None
+
+
+@keys_app.command("create")
+def keys_create(owner: Annotated[str, typer.Argument(help="Owner name the key acts as.")]) -> None:
+    """Create an API key for OWNER and print its secret (shown only this once; stored as a keyed hash)."""
+    from store.db import session_scope
+    from store.keys import create_key
+
+    _require_migrated_database()
     try:
         with session_scope() as session:
             secret = create_key(session, owner)
@@ -340,6 +345,61 @@ def keys_create(owner: Annotated[str, typer.Argument(help="Owner name the key ac
         raise typer.BadParameter(str(error)) from None
     out.print(secret, highlight=False, soft_wrap=True)
     err.print(f"API key for {owner!r} created; it is shown only this once.", markup=False)
+
+
+@keys_app.command("list")
+def keys_list(
+    owner: Annotated[str | None, typer.Option(help="Only this owner's keys.")] = None,
+    active: Annotated[bool, typer.Option("--active", help="Leave out revoked keys.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False,
+) -> None:
+    """List API keys: id, owner, prefix (the key's first characters), created and revoked times. Never a secret."""
+    from store.db import session_scope
+    from store.keys import list_keys
+
+    _require_migrated_database()
+    with session_scope() as session:
+        rows = [_key_row(row) for row in list_keys(session, owner=owner, include_revoked=not active)]
+    if as_json:
+        print_json(rows)
+        return
+    table = Table("id", "owner", "prefix", "created", "revoked", box=box.SIMPLE)
+    table.columns[0].no_wrap = table.columns[2].no_wrap = True
+    for row in rows:
+        table.add_row(row["id"], row["owner"], row["prefix"], _short_time(row["created_at"]),
+                      _short_time(row["revoked_at"]) or "-")
+    print_table(table)
+    out.print(f"{len(rows)} keys, {sum(row['revoked_at'] is None for row in rows)} active", highlight=False)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key: Annotated[str, typer.Argument(help="The key's id, or its prefix as `gpuest keys list` shows it.")],
+) -> None:
+    """Revoke an API key (by id or prefix). API processes stop accepting it within 10 s (their key cache)."""
+    from store.db import session_scope
+    from store.keys import KeyNotFoundError, revoke_key
+
+    _require_migrated_database()
+    try:
+        with session_scope() as session:
+            row, revoked_now = revoke_key(session, key)
+            described = f"API key {row.id} ({row.prefix}..., owner {row.owner!r})"
+    except KeyNotFoundError as error:
+        err.print(f"[red]error:[/red] {escape(str(error.args[0]))}", highlight=False)
+        raise typer.Exit(1) from None
+    err.print(f"{described} {'revoked' if revoked_now else 'was already revoked'}", markup=False)
+
+
+def _key_row(row: Any) -> dict[str, Any]:
+    return {
+        "id": row.id, "owner": row.owner, "prefix": row.prefix,
+        "created_at": _iso(row.created_at), "revoked_at": _iso(row.revoked_at),
+    }
+
+
+def _iso(moment: Any) -> str | None:
+    return None if moment is None else moment.isoformat()
 
 
 def _redact(database_url: str) -> str:

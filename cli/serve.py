@@ -246,7 +246,8 @@ def worker_argv(queue: str) -> list[str]:
 
 
 def api_argv(host: str, port: int, workers: int = 1) -> list[str]:
-    argv = [sys.executable, "-m", "uvicorn", "api.app:app", "--host", host, "--port", str(port), "--no-access-log"]
+    argv = [sys.executable, "-m", "uvicorn", "api.app:app", "--host", host, "--port", str(port), "--no-access-log",
+            "--http", "api.http_protocol:ProblemHttpToolsProtocol"]  # malformed requests answered as problem+json
     # More than one: uvicorn's supervisor process forks that many servers sharing the socket.
     return argv if workers == 1 else [*argv, "--workers", str(workers)]
 

@@ -11,7 +11,7 @@ first use, so importing this module costs the API no broker work.
 
 from __future__ import annotations
 
-from functools import cache
+import threading
 from typing import TYPE_CHECKING, Any
 
 from core.settings import Settings, get_settings
@@ -63,11 +63,22 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-@cache
+_celery_app: Celery | None = None
+# Built once under a lock: the API's first sends come from several threads at once, and concurrent first
+# imports of celery's lazily loaded modules can fail ("cannot import name 'Celery'").
+_celery_app_lock = threading.Lock()
+
+
 def get_celery_app() -> Celery:
     """The process's Celery application, built on first use from the settings of that moment."""
-    _poll_sqlalchemy_broker_faster()
-    return make_celery(get_settings())
+    global _celery_app
+    if _celery_app is None:
+        with _celery_app_lock:
+            if _celery_app is None:
+                _poll_sqlalchemy_broker_faster()
+                _celery_app = make_celery(get_settings())
+    return _celery_app
+
 
 
 def broker_connection() -> Connection:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path("var")
@@ -31,7 +31,9 @@ class Settings(BaseSettings):
     )
     auth_enabled: bool = Field(True, description="Require 'Authorization: Bearer <api key>'")
     local_owner: str = Field("local", description="Owner of every job and dataset when auth is off")
-    max_upload_bytes: int = Field(512 * 1024 * 1024, ge=1, description="Largest dataset upload accepted")
+    max_upload_bytes: int = Field(
+        512 * 1024 * 1024, ge=1, description="Largest dataset upload accepted, as sent and once decompressed"
+    )
     heartbeat_seconds: float = Field(2.0, gt=0, description="How often a running job writes its heartbeat")
     stale_after_seconds: float = Field(30.0, gt=0, description="A running job silent this long is reaped")
     reaper_interval_seconds: float = Field(5.0, gt=0, description="How often the worker looks for stale jobs")
@@ -40,6 +42,28 @@ class Settings(BaseSettings):
     queue: str = Field("gpu", description="Celery queue the API sends to and the worker consumes")
     worker_alive_file: Path | None = Field(
         None, description="File the worker touches after each reaper pass (for a container healthcheck)"
+    )
+    # issue 11: API
+    key_secret: SecretStr | None = Field(
+        None, min_length=16,
+        description="Secret of the API keys' keyed hash (HMAC-SHA256); default: generated once into "
+        "<data_dir>/key_secret (mode 0600). Every API process and `gpuest keys` must see the same one",
+    )
+    metrics_token: SecretStr | None = Field(
+        None, min_length=16,
+        description="Bearer token that shows /metrics job counts and /readyz failure reasons (operators)",
+    )
+    expose_details: bool = Field(
+        False, description="Show /metrics job counts and /readyz failure reasons without a token (trusted networks)"
+    )
+    # issue 11: worker and uploads
+    max_upload_rows: int = Field(20_000_000, ge=1, description="Most data rows a dataset upload may hold")
+    max_upload_columns: int = Field(1_000, ge=1, description="Most columns a dataset upload may hold")
+    worker_retry_seconds: float = Field(
+        15.0, gt=0, description="How long a worker retries a database or broker call (claim, dataset read)"
+    )
+    worker_result_retry_seconds: float = Field(
+        120.0, gt=0, description="How long a worker retries storing a finished job before leaving it to a re-run"
     )
 
     def resolved_database_url(self) -> str:

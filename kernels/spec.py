@@ -11,7 +11,9 @@ class JobParams(BaseModel):
     Choices are ``Literal`` strings (they validate from JSON under strict mode); lists, not tuples.
     """
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    # allow_inf_nan=False: JSON bodies may carry NaN, Infinity or 1e400 (Python's parser reads them as
+    # floats); no parameter means anything with them.
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ResultPart(BaseModel):

@@ -62,3 +62,40 @@ def save_artifact(job_id: str, name: str, value: Any) -> dict[str, Any]:
         temporary.write_text(json.dumps(value))
     os.replace(temporary, final)
     return {"file": final.name, "media_type": media_type, "bytes": final.stat().st_size}
+
+
+# -- outcomes computed but not yet stored ------------------------------------------------------------------
+# A finished job's outcome (status, result, error, artifact references) is written here before the database
+# update that records it, and removed once that update is committed. When the database stays unreachable
+# past the worker's retries, the job is left running for the reaper; whichever worker claims it next finds
+# its outcome here and stores it instead of computing it again.
+
+
+def pending_outcome_path(job_id: str) -> Path:
+    return get_settings().data_dir / "pending-outcomes" / f"{job_id}.json"
+
+
+def save_pending_outcome(job_id: str, outcome: dict[str, Any]) -> Path:
+    """Write the outcome atomically (a reader never sees half of it); returns its path."""
+    final = pending_outcome_path(job_id)
+    temporary = atomic_target(final)
+    temporary.write_text(json.dumps(outcome))
+    os.replace(temporary, final)
+    return final
+
+
+def load_pending_outcome(job_id: str) -> dict[str, Any] | None:
+    """The outcome an earlier run of this job computed but could not store, or None."""
+    try:
+        text = pending_outcome_path(job_id).read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        outcome = json.loads(text)
+    except ValueError:  # not written by save_pending_outcome (which replaces atomically): run the job again
+        return None
+    return outcome if isinstance(outcome, dict) else None
+
+
+def discard_pending_outcome(job_id: str) -> None:
+    pending_outcome_path(job_id).unlink(missing_ok=True)

@@ -170,6 +170,19 @@ def finish(
     return updated == 1
 
 
+def finished_by(session: Session, job_id: str, *, worker: str, status: JobStatus) -> bool:
+    """Whether the job already ended with ``status`` in the hands of ``worker``: how a retried :func:`finish`
+    learns that its earlier try was committed before the connection dropped under it."""
+    row = session.execute(select(Job.status, Job.worker).where(Job.id == job_id)).first()
+    return row is not None and row.status == status and row.worker == worker
+
+
+def is_settled(session: Session, job_id: str) -> bool:
+    """Whether the job is gone or has ended (nothing will run it again)."""
+    status = session.scalar(select(Job.status).where(Job.id == job_id))
+    return status is None or status in TERMINAL_STATUSES
+
+
 def request_cancel(session: Session, job_id: str, owner: str) -> Job | None:
     """Cancel a queued job at once; flag a running one for its next checkpoint; leave finished ones."""
     now = utcnow()
@@ -208,6 +221,7 @@ def requeue_or_fail_stale(session: Session, job: Job, *, max_attempts: int) -> J
             "finished_at": utcnow(),
             "error": {
                 "type": "WorkerLost",
+                "code": "worker_lost",
                 "message": f"the worker running this job stopped responding {job.attempts} time(s); giving up",
             },
         }

@@ -7,10 +7,21 @@ import threading
 import time
 from typing import Any
 
+import structlog
+
 from kernels.progress import JobCancelled
 from store import jobs as job_store
 from store.artifacts import save_artifact
 from store.db import session_scope
+from worker.infra import InfrastructureUnavailable, describe, retry_infrastructure
+
+log = structlog.get_logger("gpuest.worker")
+
+# A progress write is retried briefly (a dropped connection is back at the second try), then skipped:
+# writes then pause for PROGRESS_PAUSE_SECONDS, doubling while the outage lasts, up to the maximum.
+PROGRESS_RETRY_SECONDS = 1.0
+PROGRESS_PAUSE_SECONDS = 1.0
+PROGRESS_PAUSE_MAX_SECONDS = 30.0
 
 
 class WorkerStopping(Exception):
@@ -33,6 +44,8 @@ class JobProgress:
         self.min_interval = min_interval
         self.artifacts: dict[str, Any] = {}
         self._last_write = 0.0
+        self._quiet_until = 0.0  # no progress writes before this (monotonic) time: the database is away
+        self._failures = 0  # progress writes given up in a row
 
     def __call__(self, fraction: float, stage: str | None = None) -> None:
         if fraction >= 1.0:
@@ -44,15 +57,28 @@ class JobProgress:
         if worker_stopping.is_set():
             raise WorkerStopping(f"worker stopping; job {self.job_id} goes back to the queue")
         now = time.monotonic()
-        if now - self._last_write < self.min_interval:
+        if now - self._last_write < self.min_interval or now < self._quiet_until:
             return
         self._last_write = now
-        with session_scope() as session:
-            stop = job_store.record_progress(
-                session, self.job_id, worker=self.worker, progress=float(fraction), stage=stage
-            )
+        try:
+            stop = retry_infrastructure(lambda: self._write(float(fraction), stage), what="record progress",
+                                        budget_seconds=PROGRESS_RETRY_SECONDS, job_id=self.job_id)
+        except InfrastructureUnavailable:
+            # Progress is a report, not the job: the kernel goes on. Writes pause for a while (growing while
+            # the outage lasts), so the kernel does not wait on every checkpoint.
+            self._failures += 1
+            pause = min(PROGRESS_PAUSE_MAX_SECONDS, PROGRESS_PAUSE_SECONDS * 2 ** (self._failures - 1))
+            self._quiet_until = time.monotonic() + pause
+            log.warning("progress not recorded: database unavailable; the job goes on", job_id=self.job_id,
+                        pause_seconds=pause)
+            return
+        self._failures = 0
         if stop:
             raise JobCancelled(f"job {self.job_id} was cancelled")
+
+    def _write(self, fraction: float, stage: str | None) -> bool:
+        with session_scope() as session:
+            return job_store.record_progress(session, self.job_id, worker=self.worker, progress=fraction, stage=stage)
 
     def save_artifact(self, name: str, value: Any) -> None:
         self.artifacts[name] = save_artifact(self.job_id, name, value)
@@ -74,10 +100,17 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def _stamp(self) -> None:
+        with session_scope() as session:
+            job_store.heartbeat(session, self._job_id, worker=self._worker)
+
     def _beat(self) -> None:
         while not self._stop.wait(self._interval):
             try:
-                with session_scope() as session:
-                    job_store.heartbeat(session, self._job_id, worker=self._worker)
-            except Exception:  # a transient DB error must not kill the beat; the next one retries
+                # Retried within the interval: a dropped connection must not cost a beat, or a few in a row
+                # would make the job look lost to the reaper.
+                retry_infrastructure(self._stamp, what="heartbeat", budget_seconds=self._interval,
+                                     job_id=self._job_id)
+            except Exception as exc:  # a longer outage or any other error must not kill the beat
+                log.warning("heartbeat not recorded", job_id=self._job_id, error=describe(exc.__cause__ or exc))
                 continue

@@ -9,6 +9,7 @@ job's run context (array namespace, progress and cancel, dataset loading, artifa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -39,11 +40,19 @@ from kernels.context import DatasetLoader, RunContext, namespace_for, run_kind
 from kernels.progress import JobCancelled
 from kernels.registry import JobKind, get_kind, registry
 from store import jobs as job_store
+from store.artifacts import discard_pending_outcome, load_pending_outcome, save_pending_outcome
 from store.datasets import get_dataset, load_frame
 from store.db import session_scope
 from store.migrate import SchemaNotMigratedError, ensure_migrated
 from store.models import Job, utcnow
 from worker.health import touch
+from worker.infra import (
+    InfrastructureUnavailable,
+    describe,
+    forget_dead_connections,
+    is_infrastructure_error,
+    retry_infrastructure,
+)
 from worker.progress import Heartbeat, JobProgress, WorkerStopping, worker_stopping
 
 if TYPE_CHECKING:
@@ -77,6 +86,9 @@ class Activity:
 
 _activity = Activity()
 REQUEUED_STAGE = "requeued: worker stopped"
+UNAVAILABLE_STAGE = "requeued: database or broker unavailable"
+# A user-facing error message is a sentence or a paragraph, not a dump.
+MAX_MESSAGE_CHARS = 2000
 # Exit status of a worker that refuses to start (EX_CONFIG of sysexits.h: a configuration problem).
 EXIT_NOT_READY = 78
 
@@ -127,53 +139,161 @@ def place(kind_name: str) -> Placement:
     return Placement(kind, xp, kind_error)
 
 
+@dataclass(frozen=True)
+class ClaimedJob:
+    """What the worker needs of a job row it claimed (read in the claim's transaction)."""
+
+    kind_name: str
+    queue: str | None
+    params: dict[str, Any]
+    dataset_ids: dict[str, str]
+    queue_wait: float | None
+    placement: Placement
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: ``status`` None means the database or broker stayed out of reach and the job is
+    left to the reaper (neither failed nor finished)."""
+
+    status: JobStatus | None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    artifacts: dict[str, Any] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"status": None if self.status is None else self.status.value, "result": self.result,
+                "error": self.error, "timings": self.timings, "artifacts": self.artifacts}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Outcome:
+        return cls(JobStatus(data["status"]), data.get("result"), data.get("error"), data.get("timings"),
+                   data.get("artifacts"))
+
+
+# Outcomes worth keeping on disk until stored: a re-run would compute the same (the seed is in the params).
+KEPT_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED)
+# A warm shutdown has a grace period: a hand-back waits this long at most for the database.
+HAND_BACK_RETRY_SECONDS = 5.0
+
+
 def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
     """Claim and run one job to a terminal status; returns that status, ``queued`` when a warm shutdown of
-    this worker handed the job back to the queue, or None if it was not ours to run."""
+    this worker handed the job back to the queue, or None if it was not ours to run or the database stayed
+    out of reach (the job is then left to the reaper, never failed for it)."""
     settings = get_settings()
     if worker_stopping.is_set():
         pass_on(job_id)
         return None
-    with session_scope() as session:
-        job = session.get(Job, job_id)
-        if job is None or job.status != JobStatus.QUEUED:
-            log.info("job not claimed", job_id=job_id)
-            return None
-        placement = place(job.kind)
-        started_at = utcnow()
-        # The conditional UPDATE is the real guard: another claim or a cancel may have come since the read.
-        if not job_store.claim(session, job_id, worker=worker, device=placement.device, now=started_at):
-            log.info("job not claimed", job_id=job_id)
-            return None
-        kind_name, queue = job.kind, job.queue
-        params, dataset_ids = dict(job.params), dict(job.dataset_ids)
-        queue_wait = _seconds_between(job.created_at, started_at)
-    log.info("job started", job_id=job_id, kind=kind_name, worker=worker)
+    try:
+        claimed = retry_infrastructure(lambda: _claim(job_id, worker), what="claim",
+                                       budget_seconds=settings.worker_retry_seconds, job_id=job_id)
+    except InfrastructureUnavailable:
+        return None  # not claimed: the job is still queued, and the reaper sends its message again
+    if claimed is None:
+        log.info("job not claimed", job_id=job_id)
+        return None
+    log.info("job started", job_id=job_id, kind=claimed.kind_name, worker=worker)
+    pending = load_pending_outcome(job_id)
+    if pending is not None:
+        # An earlier run computed this outcome but could not store it: store it rather than compute again.
+        log.info("storing the outcome an earlier run of this job computed", job_id=job_id)
+        return _store_outcome(job_id, worker, Outcome.from_json(pending))
 
     progress = JobProgress(job_id, worker)
     started = time.perf_counter()
     with Heartbeat(job_id, worker, settings.heartbeat_seconds):
-        status, result, error = _run(job_id, placement, params, dataset_ids, progress)
+        outcome = _run(job_id, claimed.placement, claimed.params, claimed.dataset_ids, progress)
     run_seconds = time.perf_counter() - started
-    if status == JobStatus.QUEUED:
-        if hand_back(job_id, worker, queue):
-            log.info("job handed back to the queue: worker stopping", job_id=job_id, run_seconds=round(run_seconds, 3))
-            return JobStatus.QUEUED
-        status = JobStatus.CANCELLED  # not released: its cancel was requested meanwhile (or it is no longer ours)
+    if outcome.status is None or outcome.status == JobStatus.QUEUED:
+        return _give_back(job_id, worker, claimed.queue, outcome, run_seconds)
+    # Worker-side seconds only: the kernel's per-stage timings are in the result (result["timings"]).
+    timings = {"queue_wait": claimed.queue_wait, "run": run_seconds}
+    return _store_outcome(job_id, worker, dataclasses.replace(outcome, timings=timings, artifacts=progress.artifacts))
+
+
+def _claim(job_id: str, worker: str) -> ClaimedJob | None:
+    """One unit of work, retried whole: read the job and claim it (queued -> running). A retry after the
+    connection dropped under a committed claim finds the job running for this worker: that claim was ours
+    (as is a job this worker had to leave running when the database went away)."""
     with session_scope() as session:
-        finished = job_store.finish(
-            session,
-            job_id,
-            worker=worker,
-            status=status,
-            result=result,
-            error=error,
-            # Worker-side seconds only: the kernel's per-stage timings are in the result (result["timings"]).
-            timings={"queue_wait": queue_wait, "run": run_seconds},
-            artifacts=progress.artifacts,
+        job = session.get(Job, job_id)
+        if job is None:
+            return None
+        ours = job.status == JobStatus.RUNNING and job.worker == worker
+        if job.status != JobStatus.QUEUED and not ours:
+            return None
+        placement = place(job.kind)
+        started_at = job.started_at if ours else utcnow()
+        # The conditional UPDATE is the real guard: another claim or a cancel may have come since the read.
+        if not ours and not job_store.claim(session, job_id, worker=worker, device=placement.device, now=started_at):
+            return None
+        return ClaimedJob(job.kind, job.queue, dict(job.params), dict(job.dataset_ids),
+                          _seconds_between(job.created_at, started_at), placement)
+
+
+def _give_back(job_id: str, worker: str, queue: str | None, outcome: Outcome, run_seconds: float) -> JobStatus | None:
+    """A run that stopped without an outcome: a warm shutdown (``queued``) or a database that stayed out of
+    reach (None). Hand the job back to the queue; where even that fails, the reaper re-queues it."""
+    stopping = outcome.status == JobStatus.QUEUED
+    stage = REQUEUED_STAGE if stopping else UNAVAILABLE_STAGE
+    try:
+        released = retry_infrastructure(lambda: hand_back(job_id, worker, queue, stage), what="hand back",
+                                        budget_seconds=HAND_BACK_RETRY_SECONDS, job_id=job_id)
+    except InfrastructureUnavailable:
+        log.error("job left to the reaper: the database is unavailable", job_id=job_id)
+        return None
+    if released:
+        log.info("job handed back to the queue", job_id=job_id, stage=stage, run_seconds=round(run_seconds, 3))
+        return JobStatus.QUEUED if stopping else None
+    # Not released: its cancel was requested meanwhile (or it is no longer ours).
+    return _store_outcome(job_id, worker, Outcome(JobStatus.CANCELLED, timings={"run": run_seconds}))
+
+
+def _store_outcome(job_id: str, worker: str, outcome: Outcome) -> JobStatus | None:
+    """Record the outcome (running -> terminal), retried for ``worker_result_retry_seconds``. It is kept on
+    disk until the update is committed: if the database stays out of reach, the job is left running for the
+    reaper and its next run stores this outcome (:func:`execute_job`), so the computed result is not lost."""
+    assert outcome.status is not None
+    if outcome.status in KEPT_STATUSES:
+        save_pending_outcome(job_id, outcome.as_json())
+    try:
+        recorded = retry_infrastructure(
+            lambda: _finish(job_id, worker, outcome), what="store the outcome",
+            budget_seconds=get_settings().worker_result_retry_seconds, job_id=job_id,
         )
-    log.info("job finished", job_id=job_id, status=status, recorded=finished, run_seconds=round(run_seconds, 3))
-    return status if finished else None
+    except InfrastructureUnavailable:
+        log.error("job outcome not stored: the database is unavailable; kept on disk for the job's next run",
+                  job_id=job_id, status=outcome.status)
+        return None
+    if recorded or _settled(job_id):
+        discard_pending_outcome(job_id)
+    log.info("job finished", job_id=job_id, status=outcome.status, recorded=recorded,
+             run_seconds=round((outcome.timings or {}).get("run") or 0.0, 3))
+    return outcome.status if recorded else None
+
+
+def _finish(job_id: str, worker: str, outcome: Outcome) -> bool:
+    assert outcome.status is not None
+    with session_scope() as session:
+        if job_store.finish(session, job_id, worker=worker, status=outcome.status, result=outcome.result,
+                            error=outcome.error, timings=outcome.timings, artifacts=outcome.artifacts):
+            return True
+        # A retry: the earlier try may have been committed before the connection dropped under it.
+        return job_store.finished_by(session, job_id, worker=worker, status=outcome.status)
+
+
+def _settled(job_id: str) -> bool:
+    """Whether nothing will run the job again (so an outcome kept for it can go); False when unknown."""
+    def read() -> bool:
+        with session_scope() as session:
+            return job_store.is_settled(session, job_id)
+
+    try:
+        return retry_infrastructure(read, what="read the job", budget_seconds=HAND_BACK_RETRY_SECONDS, job_id=job_id)
+    except InfrastructureUnavailable:
+        return False
 
 
 def _run(
@@ -182,56 +302,90 @@ def _run(
     params: dict[str, Any],
     dataset_ids: dict[str, str],
     progress: JobProgress,
-) -> tuple[JobStatus, dict[str, Any] | None, dict[str, Any] | None]:
-    """Run the claimed job: (status, result, error), where status ``queued`` means this worker began a warm
-    shutdown and the job is to be handed back."""
+) -> Outcome:
+    """Run the claimed job. The outcome's status is ``queued`` when this worker began a warm shutdown (the
+    job is to be handed back) and None when the database or broker stayed out of reach."""
+    if placement.error is not None:
+        return _placement_failure(job_id, placement.error)
+    assert placement.kind is not None and placement.xp is not None
     try:
-        if placement.error is not None:
-            raise placement.error
-        assert placement.kind is not None and placement.xp is not None
         if worker_stopping.is_set():  # the shutdown began between the message and the claim
             raise WorkerStopping(f"worker stopping; job {job_id} goes back to the queue")
         ctx = RunContext(placement.xp, progress, dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids))
-        return JobStatus.SUCCEEDED, run_kind(placement.kind, params, ctx), None
+        return Outcome(JobStatus.SUCCEEDED, result=run_kind(placement.kind, params, ctx))
     except WorkerStopping:
-        return JobStatus.QUEUED, None, None
+        return Outcome(JobStatus.QUEUED)
     except JobCancelled:
-        return JobStatus.CANCELLED, None, None
-    except (ValueError, ValidationError, KeyError, GPUUnavailableError) as exc:
-        return _failed(type(exc).__name__, str(exc))
+        return Outcome(JobStatus.CANCELLED)
+    except ValidationError as exc:
+        return _failed(job_id, "invalid_params", type(exc).__name__, str(exc))
+    except (ValueError, KeyError) as exc:
+        # The kernel's own account of what it refused (bad input, no convergence and its remedy): for the user.
+        return _failed(job_id, "kernel_error", type(exc).__name__, str(exc))
+    except GPUUnavailableError as exc:
+        return _failed(job_id, "gpu_unavailable", type(exc).__name__, str(exc))
     except MemoryError:
-        return _failed("OutOfMemory", "the job needed more memory than the worker has")
+        return _failed(job_id, "out_of_memory", "OutOfMemory", "the job needed more memory than the worker has")
     except Exception as exc:
-        log.error("job raised", job_id=job_id, traceback=traceback.format_exc())
-        return _failed(type(exc).__name__, str(exc) or "internal error in the kernel")
+        if is_infrastructure_error(exc):  # not the kernel's fault: the job runs again
+            log.error("job stopped by a database or broker error; handing it back", job_id=job_id,
+                      error=describe(exc))
+            return Outcome(None)
+        return _internal_failure(job_id, exc)
 
 
-def _failed(error_type: str, message: str) -> tuple[JobStatus, None, dict[str, Any]]:
-    # What the user sees: a stable type and a short message (the traceback goes to the log only).
-    return JobStatus.FAILED, None, {"type": error_type, "message": message}
+def _placement_failure(job_id: str, error: Exception) -> Outcome:
+    if isinstance(error, KeyError):
+        return _failed(job_id, "unknown_kind", "KeyError", str(error))
+    return _failed(job_id, "gpu_unavailable", type(error).__name__, str(error))
+
+
+def _failed(job_id: str, code: str, error_type: str, message: str) -> Outcome:
+    """What the user sees: a stable code and type, a short message and the id of the log line with the rest."""
+    correlation_id = uuid.uuid4().hex
+    log.info("job failed", job_id=job_id, code=code, error_type=error_type, correlation_id=correlation_id)
+    return Outcome(JobStatus.FAILED, error={"type": error_type, "code": code, "message": message[:MAX_MESSAGE_CHARS],
+                                            "correlation_id": correlation_id})
+
+
+def _internal_failure(job_id: str, error: Exception) -> Outcome:
+    """An unexpected error: its text may hold anything (paths, hosts, SQL), so it goes to the log only, under
+    a correlation id the user's message quotes."""
+    correlation_id = uuid.uuid4().hex
+    error_type = type(error).__name__
+    log.error("job raised an unexpected error", job_id=job_id, correlation_id=correlation_id, error=describe(error),
+              traceback=traceback.format_exc())
+    message = (f"the job stopped on an unexpected error ({error_type}) in the kernel; the worker's log has the "
+               f"details under correlation id {correlation_id}")
+    return Outcome(JobStatus.FAILED, error={"type": error_type, "code": "internal_error", "message": message,
+                                            "correlation_id": correlation_id})
 
 
 def dataset_loader(dataset_ids: Mapping[str, str]) -> DatasetLoader:
     """Loads the dataset a params field names, when the runner first asks for it (``ctx.dataset(field)``)."""
 
-    def load(field: str) -> pd.DataFrame:
-        dataset_id = dataset_ids[field]
+    def dataset_file(dataset_id: str) -> str | None:
         with session_scope() as session:
             dataset = get_dataset(session, dataset_id)
-            if dataset is None:
-                raise ValueError(f"{field}: dataset {dataset_id} no longer exists")
-            path = dataset.path  # read while the session is open, not on a detached instance
+            return None if dataset is None else dataset.path  # read while the session is open
+
+    def load(field: str) -> pd.DataFrame:
+        dataset_id = dataset_ids[field]
+        path = retry_infrastructure(lambda: dataset_file(dataset_id), what="read a dataset",
+                                    budget_seconds=get_settings().worker_retry_seconds)
+        if path is None:
+            raise ValueError(f"{field}: dataset {dataset_id} no longer exists")
         return load_frame(path)
 
     return load
 
 
-def hand_back(job_id: str, worker: str, queue: str | None) -> bool:
+def hand_back(job_id: str, worker: str, queue: str | None, stage: str = REQUEUED_STAGE) -> bool:
     """Release a job this stopping worker holds (running -> queued, the attempt given back) and send it
     again at once to ``queue`` (the job's), so the next worker on it runs the job without waiting for the
     reaper."""
     with session_scope() as session:
-        released = job_store.release(session, job_id, worker=worker, stage=REQUEUED_STAGE)
+        released = job_store.release(session, job_id, worker=worker, stage=stage)
     if not released:
         return False
     try:
@@ -250,7 +404,11 @@ def pass_on(job_id: str) -> None:
             return  # nothing to run here: a claim would have failed too
         queue = job.queue
         job_store.mark_enqueued(session, job_id)
-    send(job_id, queue=queue)
+    try:
+        send(job_id, queue=queue)
+    except Exception as exc:  # the row says it was just sent: a reaper pass sends it again later
+        log.error("could not pass a job's message on", job_id=job_id, error=describe(exc))
+        return
     log.info("worker stopping: passed a job's message on unclaimed", job_id=job_id)
 
 
@@ -277,7 +435,7 @@ def reap_once() -> dict[str, int]:
         counts["requeued" if outcome == JobStatus.QUEUED else outcome.value] += 1
         log.warning("reaped job of a lost worker", job_id=job_id, outcome=outcome)
         if outcome == JobStatus.QUEUED:
-            send(job_id, queue=queue or settings.queue)
+            _send_or_leave(job_id, queue or settings.queue)
     # Idle for a whole reaper interval, not just between two jobs of a backlog: a waiting message would
     # have been taken by now, so the queued jobs' messages are the lost ones.
     if _activity.idle_for() >= settings.reaper_interval_seconds:
@@ -294,10 +452,22 @@ def _resend_lost_messages(queue: str, not_sent_for: timedelta) -> int:
             # Conditional: of several idle workers on this queue, one re-sends.
             if not job_store.mark_resent(session, job_id, queue=queue, not_sent_for=not_sent_for):
                 continue
-        send(job_id, queue=queue)
-        log.info("re-sent the message of a queued job", job_id=job_id, queue=queue)
-        resent += 1
+        if _send_or_leave(job_id, queue):
+            log.info("re-sent the message of a queued job", job_id=job_id, queue=queue)
+            resent += 1
     return resent
+
+
+def _send_or_leave(job_id: str, queue: str) -> bool:
+    """Send a queued job's message; on a broker error, log it: the row says it was sent now, so a later
+    reaper pass sends it again once it is older than the stale limit."""
+    try:
+        send(job_id, queue=queue)
+    except Exception as exc:
+        log.error("could not send a job's message; a later reaper pass re-sends it", job_id=job_id,
+                  error=describe(exc))
+        return False
+    return True
 
 
 def _reaper_loop(interval: float, alive_file: Path | None) -> None:
@@ -305,8 +475,12 @@ def _reaper_loop(interval: float, alive_file: Path | None) -> None:
         time.sleep(interval)
         try:
             reap_once()
-        except Exception:
-            log.error("reaper pass failed", traceback=traceback.format_exc())
+        except Exception as exc:
+            if is_infrastructure_error(exc):  # the next pass retries; no traceback for an outage
+                forget_dead_connections(exc)
+                log.warning("reaper pass skipped: database unavailable", error=describe(exc))
+            else:
+                log.error("reaper pass failed", traceback=traceback.format_exc())
             continue
         if alive_file is not None:
             touch(alive_file)  # the container healthcheck (worker.health) reads its age

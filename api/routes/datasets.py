@@ -17,6 +17,8 @@ from core.settings import Settings
 from store.datasets import (
     ColumnTypeError,
     DatasetError,
+    UploadLimitError,
+    UploadLimits,
     delete_dataset,
     detect_format,
     get_dataset,
@@ -57,6 +59,10 @@ def dataset_not_found(dataset_id: str) -> ProblemError:
 
 def _invalid_upload(error: DatasetError) -> ProblemError:
     message = str(error)
+    if isinstance(error, UploadLimitError):
+        # The same problem as an upload too large as sent: 413, naming the setting and its value.
+        return ProblemError(413, message, slug="upload-too-large", title="Upload too large",
+                            extensions={"limit": error.setting, error.setting: error.limit})
     if isinstance(error, ColumnTypeError):
         # Machine-readable too: a client can point at the cell.
         return ProblemError(
@@ -70,11 +76,12 @@ def _invalid_upload(error: DatasetError) -> ProblemError:
     )
 
 
-def _store(received: ReceivedFile, upload: Path, owner: str) -> DatasetOut:
+def _store(received: ReceivedFile, owner: str, limits: UploadLimits) -> DatasetOut:
     """Parse, convert and record the upload; a failure at any step leaves neither a file nor a row."""
     source_format = detect_format(received.filename, received.content_type)
     with session_scope() as session:
-        dataset = ingest(session, owner=owner, name=received.filename, upload=upload, source_format=source_format)
+        dataset = ingest(session, owner=owner, name=received.filename, upload=received.path,
+                         source_format=source_format, limits=limits)
         try:
             session.commit()
         except BaseException:
@@ -93,28 +100,29 @@ def delete_stored_file(path: str) -> None:
     response_model=DatasetOut,
     openapi_extra=UPLOAD_BODY_SCHEMA,
     responses={
-        413: {"description": "Larger than max_upload_bytes"},
+        413: {"description": "Larger than max_upload_bytes (as sent or decompressed), or more rows or columns "
+                            "than max_upload_rows or max_upload_columns; the problem's `limit` names the setting"},
         415: {"description": "Not a multipart/form-data body"},
-        422: {"description": "Not a readable CSV or Parquet file (malformed, empty, no rows), or a CSV column of "
-                            "numbers with a stray non-numeric value (the problem names column, row and value)"},
+        400: {"description": "A malformed multipart body, or one cut off before its closing boundary"},
+        422: {"description": "Not a readable CSV or Parquet file (malformed, empty, no rows), a CSV column of "
+                            "numbers with a stray non-numeric value (the problem names column, row and value), "
+                            "or a file name with control characters"},
     },
     summary="Upload a dataset",
 )
 async def upload_dataset(request: Request, response: Response, owner: OwnerDep, settings: SettingsDep) -> DatasetOut:
-    """Multipart field `file`: a CSV or Parquet file, stored as Parquet; answers with its schema."""
+    """Multipart field `file`: a CSV or Parquet file (a CSV may be gzipped), stored as Parquet; answers with
+    its schema. The file is streamed to disk and then converted a block at a time, within the upload limits
+    (bytes as sent and decompressed, rows, columns), so memory stays flat whatever the file."""
     received = await receive_file(
         request, field_name=UPLOAD_FIELD, directory=upload_dir(settings), max_bytes=settings.max_upload_bytes
     )
-    upload = received.path
+    limits = UploadLimits(settings.max_upload_bytes, settings.max_upload_rows, settings.max_upload_columns)
     try:
-        if received.filename.lower().endswith(".gz"):
-            # pyarrow recognises compression by the file name: give the temp file the .gz the client used.
-            upload = received.path.rename(received.path.with_name(received.path.name + ".csv.gz"))
-        dataset = await run_in_threadpool(_store, received, upload, owner)
+        dataset = await run_in_threadpool(_store, received, owner, limits)
     except DatasetError as exc:
         raise _invalid_upload(exc) from exc
     finally:
-        upload.unlink(missing_ok=True)
         received.path.unlink(missing_ok=True)
     log.info("dataset stored", dataset_id=dataset.id, owner=owner, rows=dataset.n_rows, upload_bytes=received.size)
     response.headers["Location"] = f"/v1/datasets/{dataset.id}"

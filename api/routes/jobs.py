@@ -5,7 +5,8 @@ kind's request model, the result the union of every kind's result model (documen
 sends the stored JSON).
 """
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,7 +28,7 @@ from kernels.registry import get_kind, registry, result_models
 from store import jobs as job_store
 from store.artifacts import ARTIFACT_NAME_CHARS, job_artifact_dir
 from store.datasets import get_dataset
-from store.db import session_scope
+from store.db import session_scope, storable_text
 from store.models import Job
 
 log = structlog.get_logger("gpuest.api")
@@ -40,8 +41,9 @@ JobResult = job_result_union(result_models())
 IdempotencyKeyHeader = Annotated[
     str | None,
     Header(
-        alias="Idempotency-Key", min_length=1, max_length=200,
-        description="Retrying a POST with the same key returns the job the first POST created",
+        alias="Idempotency-Key", min_length=1, max_length=200, pattern=r"^[\x20-\x7e]+$",
+        description="Retrying a POST with the same key returns the job the first POST created "
+        "(printable ASCII)",
     ),
 ]
 
@@ -55,6 +57,8 @@ def job_not_found(job_id: str) -> ProblemError:
 
 def find_owned_job(session: Session, job_id: str, owner: str) -> Job:
     """The owner's job ``job_id``, or the 404 problem."""
+    if not storable_text(job_id):  # no job has such an id, and PostgreSQL would refuse the query
+        raise job_not_found(job_id)
     job = job_store.get_job(session, job_id, owner)
     if job is None:
         raise job_not_found(job_id)
@@ -78,7 +82,37 @@ def check_datasets(session: Session, owner: str, dataset_ids: Mapping[str, str])
     errors = [
         field_error(f"params.{field}", f"no dataset with id {dataset_id!r}", type_="dataset_not_found")
         for field, dataset_id in dataset_ids.items()
-        if get_dataset(session, dataset_id, owner) is None
+        # An id PostgreSQL cannot even compare (a NUL character) names no dataset either.
+        if not storable_text(dataset_id) or get_dataset(session, dataset_id, owner) is None
+    ]
+    if errors:
+        raise ProblemError(
+            422, "; ".join(f"{error['field']}: {error['message']}" for error in errors),
+            slug="validation-error", title="Invalid request", errors=errors,
+        )
+
+
+def non_finite_fields(value: Any, path: str) -> Iterator[str]:
+    """Dotted paths of every NaN or infinite float inside validated params. ``JobParams`` refuses them
+    itself; this also covers a kind whose nested sections use a config of their own."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            yield path
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from non_finite_fields(getattr(value, name), f"{path}.{name}")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from non_finite_fields(item, f"{path}.{key}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from non_finite_fields(item, f"{path}.{index}")
+
+
+def check_finite(params: BaseModel) -> None:
+    errors = [
+        field_error(field, "Input should be a finite number", type_="finite_number")
+        for field in non_finite_fields(params, "params")
     ]
     if errors:
         raise ProblemError(
@@ -123,6 +157,7 @@ def create_job(
     """Validate the spec against its kind, store the job as `queued` and ring the worker queue."""
     kind = get_kind(body.kind)  # the registry the request union was built from
     params: BaseModel = body.params
+    check_finite(params)
     dataset_ids = kind.dataset_ids(params)
     check_datasets(session, owner, dataset_ids)
     stored_params = params.model_dump(mode="json")
@@ -182,7 +217,7 @@ async def get_job(job_id: JobIdPath, owner: OwnerDep) -> JobOut:
 def cancel_job(job_id: JobIdPath, owner: OwnerDep, session: SessionDep, response: Response) -> JobOut:
     """A queued job is cancelled at once and never runs; a running one is flagged and the worker stops
     it at its next progress checkpoint (202)."""
-    job = job_store.request_cancel(session, job_id, owner)
+    job = job_store.request_cancel(session, job_id, owner) if storable_text(job_id) else None
     if job is None:
         raise job_not_found(job_id)
     session.commit()
@@ -205,9 +240,12 @@ def get_result(job: OwnedJobDep) -> JSONResponse:
     """The result object of a succeeded job: its kind's result model (see the schemas)."""
     if job.status != JobStatus.SUCCEEDED:
         detail = f"job {job.id} is {job.status}; a result exists only once it has succeeded"
-        if job.status == JobStatus.FAILED and job.error:
-            detail += f" (error: {job.error.get('type')}: {job.error.get('message')})"
-        raise ProblemError(409, detail, slug="result-not-ready", extensions={"job_status": job.status})
+        extensions: dict[str, Any] = {"job_status": job.status}
+        job_error = JobOut.from_row(job).error
+        if job.status == JobStatus.FAILED and job_error:
+            detail += f" (error: {job_error.code or job_error.type}: {job_error.message})"
+            extensions["error"] = job_error.model_dump(exclude_none=True)
+        raise ProblemError(409, detail, slug="result-not-ready", extensions=extensions)
     # The stored JSON as it is: the union above documents it, but validating against it could pick another
     # kind's model and drop fields.
     return JSONResponse(dict(job.result or {}))

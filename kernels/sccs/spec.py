@@ -13,7 +13,7 @@ DEFAULT_BOOTSTRAP_SEED = 20130412
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PriorSpec(_Section):

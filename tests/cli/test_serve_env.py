@@ -43,7 +43,8 @@ def test_overrides_win_and_the_worker_consumes_the_configured_queue(tmp_path: Pa
     argv = worker_argv("cpu")
     assert argv[argv.index("-Q") + 1] == "cpu" and argv[argv.index("--pool") + 1] == "solo"
     assert api_argv("127.0.0.1", 8123)[1:] == [
-        "-m", "uvicorn", "api.app:app", "--host", "127.0.0.1", "--port", "8123", "--no-access-log"
+        "-m", "uvicorn", "api.app:app", "--host", "127.0.0.1", "--port", "8123", "--no-access-log",
+        "--http", "api.http_protocol:ProblemHttpToolsProtocol",
     ]
     assert api_argv("127.0.0.1", 8123, workers=2)[-2:] == ["--workers", "2"]
 

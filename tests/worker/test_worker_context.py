@@ -101,7 +101,9 @@ def test_a_missing_dataset_fails_the_job_once_the_runner_asks_for_it(
 ) -> None:
     reads = submit(TABLE_KIND.name, {"dataset_id": "gone"}, {"dataset_id": "gone"})
     assert execute_job(reads, worker="w1") == "failed"
-    assert load(reads).error == {"type": "ValueError", "message": "dataset_id: dataset gone no longer exists"}
+    error = load(reads).error
+    assert (error["type"], error["code"], error["message"]) == (
+        "ValueError", "kernel_error", "dataset_id: dataset gone no longer exists")
     # Loaded on first use only: a run that never reads the table does not need it.
     skips = submit(TABLE_KIND.name, {"dataset_id": "gone", "read": False}, {"dataset_id": "gone"})
     assert execute_job(skips, worker="w1") == "succeeded" and load(skips).result["rows"] is None

@@ -74,12 +74,12 @@ def test_second_delivery_of_a_finished_job_does_nothing(stack_env: dict[str, str
 
 
 @pytest.mark.parametrize(
-    ("raised", "error_type"),
-    [(ValueError("n_regressors=3 needs more observations"), "ValueError"),
-     (ZeroDivisionError("float division by zero"), "ZeroDivisionError")],
+    ("raised", "error_type", "code"),
+    [(ValueError("n_regressors=3 needs more observations"), "ValueError", "kernel_error"),
+     (ZeroDivisionError("float division by zero"), "ZeroDivisionError", "internal_error")],
 )
 def test_kernel_error_fails_the_job_with_a_readable_reason(
-    stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, raised: Exception, error_type: str
+    stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, raised: Exception, error_type: str, code: str
 ) -> None:
     # A runner that raises after its first checkpoint (a stand-in kernel: which inputs a real kernel
     # refuses is the kernel's business; what the worker does with the exception is this test's).
@@ -93,7 +93,12 @@ def test_kernel_error_fails_the_job_with_a_readable_reason(
     job_id = submit(SMALL)
     assert execute_job(job_id, worker="w1") == "failed"
     job = load(job_id)
-    assert job.error == {"type": error_type, "message": str(raised)} and job.result is None
+    assert (job.error["type"], job.error["code"]) == (error_type, code) and job.result is None
+    # A kernel's own refusal is for the user; an unexpected error's text goes to the log only, under an id.
+    if code == "kernel_error":
+        assert job.error["message"] == str(raised)
+    else:
+        assert str(raised) not in job.error["message"] and job.error["correlation_id"] in job.error["message"]
     assert job.status == "failed" and job.finished_at is not None
 
 

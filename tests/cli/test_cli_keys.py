@@ -1,0 +1,90 @@
+"""``gpuest keys create | list | revoke`` as an operator runs them (the installed script, its own process),
+and the key-hash secret file that every process of one data directory shares."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli.cli_helpers import run_gpuest, sqlite_env
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    environment = sqlite_env(tmp_path / "var")
+    migrated = run_gpuest("db", "upgrade", env=environment)
+    assert migrated.returncode == 0, migrated.stderr
+    return environment
+
+
+def create(owner: str, env: dict[str, str]) -> str:
+    created = run_gpuest("keys", "create", owner, env=env)
+    assert created.returncode == 0, created.stderr
+    return created.stdout.strip()
+
+
+def listed(env: dict[str, str], *options: str) -> list[dict[str, object]]:
+    done = run_gpuest("keys", "list", "--json", *options, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def owner_of(key: str, env: dict[str, str]) -> str:
+    """What the API's key check answers for ``key``, in a process of its own (as an API process)."""
+    probe = ("import sys; from store.db import session_scope; from store.keys import owner_for_key\n"
+             "with session_scope() as s: print(owner_for_key(s, sys.argv[1]))")
+    done = subprocess.run([sys.executable, "-c", probe, key], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_keys_list_shows_ids_owners_and_prefixes_never_a_secret_or_hash(env) -> None:
+    alice, bob = create("alice", env), create("bob", env)
+    rows = listed(env)
+    assert [(row["owner"], row["prefix"], row["revoked_at"]) for row in rows] == [
+        ("alice", alice[:10], None), ("bob", bob[:10], None)]
+    assert set(rows[0]) == {"id", "owner", "prefix", "created_at", "revoked_at"}
+    table = run_gpuest("keys", "list", env=env)
+    secret = (Path(env["GPUEST_DATA_DIR"]) / "key_secret").read_text().strip()
+    for text in (table.stdout + table.stderr, json.dumps(rows)):
+        assert alice not in text and bob not in text and "hmac" not in text and secret not in text
+    assert "alice" in table.stdout and bob[:10] in table.stdout and "2 keys, 2 active" in table.stdout
+    assert [row["owner"] for row in listed(env, "--owner", "bob")] == ["bob"]
+
+
+def test_keys_revoke_by_prefix_or_id_and_the_key_stops_working(env) -> None:
+    alice, spare = create("alice", env), create("alice", env)
+    assert owner_of(alice, env) == "alice"
+
+    revoked = run_gpuest("keys", "revoke", alice[:10], env=env)
+    assert revoked.returncode == 0 and "revoked" in revoked.stderr, revoked.stderr
+    assert owner_of(alice, env) == "None" and owner_of(spare, env) == "alice"
+    assert [row["prefix"] for row in listed(env, "--active")] == [spare[:10]]
+
+    spare_id = next(row["id"] for row in listed(env) if row["prefix"] == spare[:10])
+    assert run_gpuest("keys", "revoke", str(spare_id), env=env).returncode == 0
+    assert owner_of(spare, env) == "None"
+    again = run_gpuest("keys", "revoke", str(spare_id), env=env)
+    assert again.returncode == 0 and "already revoked" in again.stderr
+
+    unknown = run_gpuest("keys", "revoke", "gpe_nothing", env=env)
+    assert unknown.returncode == 1 and "no API key" in unknown.stderr
+
+
+def test_the_key_secret_file_is_one_secret_for_processes_starting_together(tmp_path) -> None:
+    """Several processes creating the secret at once must agree on one (else keys made by one process would
+    not verify in another)."""
+    env = {**os.environ, "GPUEST_DATA_DIR": str(tmp_path / "var")}
+    env.pop("GPUEST_KEY_SECRET", None)
+    probe = "from store.keys import key_secret; print(key_secret().decode())"
+    processes = [subprocess.Popen([sys.executable, "-c", probe], env=env, stdout=subprocess.PIPE, text=True)
+                 for _ in range(6)]
+    secrets = {process.communicate(timeout=60)[0].strip() for process in processes}
+    assert len(secrets) == 1 and (tmp_path / "var" / "key_secret").read_text().strip() in secrets
+    assert not [path.name for path in (tmp_path / "var").iterdir() if path.name != "key_secret"]  # no leftovers

@@ -1,0 +1,50 @@
+"""Fixtures of the reliability suite: throwaway PostgreSQL + Redis servers per module (tests/reliability/
+throwaway.py), and the figures the suite measured printed at the end of the run."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests.reliability import figures
+from tests.reliability.throwaway import ThrowawayPostgres, ThrowawayRedis, missing_binaries
+
+
+@dataclass
+class Servers:
+    postgres: ThrowawayPostgres
+    redis: ThrowawayRedis
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    """A PostgreSQL cluster and a Redis server of this module's own, on free loopback ports."""
+    reason = missing_binaries()
+    if reason is not None:
+        if os.environ.get("GPUEST_REQUIRE_SERVERS") == "1":
+            pytest.fail(f"reliability suite required (GPUEST_REQUIRE_SERVERS=1) but {reason}", pytrace=False)
+        pytest.skip(f"reliability suite skipped: {reason}")
+    postgres = ThrowawayPostgres()
+    try:
+        redis = ThrowawayRedis()
+    except Exception:
+        postgres.close()
+        raise
+    try:
+        yield Servers(postgres, redis)
+    finally:
+        redis.close()
+        postgres.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    measured = figures.recorded()
+    if not measured:
+        return
+    terminalreporter.write_sep("=", "reliability figures")
+    terminalreporter.write_line(json.dumps(measured, indent=1, sort_keys=True))
+    terminalreporter.write_line(f"(written to {figures.figures_path()})")

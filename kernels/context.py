@@ -16,6 +16,8 @@ the device and the stage timings on the result: no runner sets ``device`` or ``t
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from types import ModuleType
@@ -117,7 +119,9 @@ def run_kind(kind: JobKind, params: Mapping[str, Any] | JobParams, ctx: RunConte
     if not isinstance(result, kind.result_model):
         raise TypeError(f"{kind.name}: the runner returned {type(result).__name__}, not {kind.result_model.__name__}")
     ctx.progress(1.0, "done")
-    return stamp(result, ctx).model_dump(mode="json")
+    # Through JSON text: a NaN or an infinity (an undefined statistic) becomes null, so every stored result
+    # is valid JSON (Postgres refuses NaN in a JSON column, and the result route sends the stored JSON as is).
+    return json.loads(stamp(result, ctx).model_dump_json())
 
 
 def stamp(result: ResultModel, ctx: RunContext) -> ResultModel:

@@ -3,6 +3,7 @@
     python bench/ks_bench.py panel --n-agents 10000000 --periods 1000 --interpolation catmull_rom
     python bench/ks_bench.py panel --n-agents 10000 --periods 1000 --no-graph   # the plain per-period loop
     python bench/ks_bench.py solve --k-size 500 --K-size 50 --n-agents 10000000
+    python bench/ks_bench.py solve --k-size 500 --K-size 50 --n-agents 10000000 --alm-update anderson
     python bench/ks_bench.py solve --no-graph --check-every 1   # before: plain panel loop, read-back every step
     GPUEST_DEVICE=cpu python bench/ks_bench.py solve --n-agents 10000          # the NumPy path
     python bench/ks_bench.py rounding --interpolation catmull_rom --seed 2   # ulp sensitivity (NumPy, ~2 min)
@@ -27,7 +28,7 @@ from kernels.backend import is_numpy, synchronize, to_host
 from kernels.context import local_context
 from kernels.ks.grids import Grids
 from kernels.ks.model import Calibration
-from kernels.ks.policy import EulerProblem, PolicySettings, initial_policy, solve_policy
+from kernels.ks.policy import DEFAULT_DAMPING, EulerProblem, PolicySettings, initial_policy, solve_policy
 from kernels.ks.simulate import CudaPanel, aggregate_path, initial_employment, simulate_panel
 from kernels.ks.solve import SolveSettings, solve
 
@@ -84,7 +85,10 @@ def bench_solve(args: argparse.Namespace) -> dict:
     settings = SolveSettings(n_agents=args.n_agents, periods=args.periods, burn_in=args.burn_in,
                              tolerance=args.tolerance, interpolation=args.interpolation, precision=args.precision,
                              seed=args.seed, max_iterations=args.max_iterations, panel_graph=args.graph,
-                             policy=PolicySettings(check_every=args.check_every))
+                             alm_update=args.alm_update, coarse_agents=args.coarse_agents, damping=args.damping,
+                             coarse_first_step=args.coarse_first_step,
+                             policy=PolicySettings(check_every=args.check_every, method=args.policy_method,
+                                                   damping=DEFAULT_DAMPING[args.policy_method]))
     synchronize(xp)
     start = time.perf_counter()
     solution = solve(xp, cal, grids, settings, ctx.timer)
@@ -95,7 +99,10 @@ def bench_solve(args: argparse.Namespace) -> dict:
     return {"bench": "ks_solve", "device": ctx.device, "grid": f"{args.k_size}x{args.K_size}",
             "n_agents": args.n_agents, "periods": args.periods, "interpolation": args.interpolation,
             "precision": args.precision, "tolerance": args.tolerance, "seconds_end_to_end": seconds,
-            "graph": solution.panel_graph, "check_every": args.check_every,
+            "graph": solution.panel_graph, "check_every": args.check_every, "policy_method": args.policy_method,
+            "alm_update": args.alm_update, "mean_K": float(np.mean(solution.capital_path[args.burn_in:])),
+            "coarse_agents": args.coarse_agents, "coarse_iterations": solution.coarse_iterations,
+            "damping": args.damping, "coarse_first_step": args.coarse_first_step,
             "timings": ctx.timer.as_dict(), "iterations": solution.iterations, "converged": solution.converged,
             "policy_iterations_total": int(sum(solution.policy_iterations)),
             "alm": {"bad": [bad.intercept, bad.slope, bad.r2, bad.se], "good": [good.intercept, good.slope, good.r2,
@@ -239,7 +246,7 @@ def main() -> None:
     parser.add_argument("--burn-in", type=int, default=100)
     parser.add_argument("--k-size", type=int, default=100)
     parser.add_argument("--K-size", dest="K_size", type=int, default=4)
-    parser.add_argument("--interpolation", choices=["bilinear", "catmull_rom"], default="catmull_rom")
+    parser.add_argument("--interpolation", choices=["bilinear", "catmull_rom", "cubic"], default="catmull_rom")
     parser.add_argument("--precision", choices=["float64", "float32"], default="float64")
     parser.add_argument("--tolerance", type=float, default=1e-7)
     parser.add_argument("--max-iterations", type=int, default=100)
@@ -248,6 +255,12 @@ def main() -> None:
     parser.add_argument("--graph", action=argparse.BooleanOptionalAction, default=True,
                         help="GPU: replay the panel's period loop as captured CUDA graphs (--no-graph: the plain "
                         "per-period launches)")
+    parser.add_argument("--policy-method", choices=["time_iteration", "egm"], default="time_iteration")
+    parser.add_argument("--alm-update", choices=["damped", "anderson"], default="damped")
+    parser.add_argument("--coarse-agents", type=int, default=0, help="solve on this many agents first (0: off)")
+    parser.add_argument("--damping", type=float, default=SolveSettings().damping)
+    parser.add_argument("--coarse-first-step", type=float, default=None,
+                        help="Anderson's first full-panel step after the coarse stage (default: damping)")
     parser.add_argument("--check-every", type=int, default=PolicySettings().check_every,
                         help="Euler steps between convergence tests (1 = a max-change read-back every step)")
     args = parser.parse_args()

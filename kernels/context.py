@@ -17,7 +17,6 @@ the device and the stage timings on the result: no runner sets ``device`` or ``t
 from __future__ import annotations
 
 import json
-
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from types import ModuleType

@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kernels.backend import to_host
 from kernels.context import RunContext
+from kernels.ks.accuracy import HistogramTest, histogram_test
 from kernels.ks.grids import Grids
-from kernels.ks.policy import PolicySettings
+from kernels.ks.inputs import AccuracyInputs, distribution_from_frame, jedc_inputs, path_from_frame
+from kernels.ks.policy import DEFAULT_DAMPING, PolicySettings
 from kernels.ks.solve import Solution, SolveSettings, solve
-from kernels.ks.spec import ALM, DenHaanError, KSSolveParams, KSSolveResult, StateALM
+from kernels.ks.spec import (
+    ALM,
+    AccuracyStats,
+    DenHaanError,
+    EulerErrorStats,
+    KSSolveParams,
+    KSSolveResult,
+    StateALM,
+)
 from kernels.registry import JobKind, KindExample
 
 if TYPE_CHECKING:
     import pandas as pd
 
 INITIAL_DISTRIBUTION = "initial_distribution"  # the params field that names the optional dataset
+ACCURACY_PATH = "accuracy_path"  # the jedc test's optional datasets (docs/ks.md)
+ACCURACY_DISTRIBUTION = "accuracy_distribution"
 
 
 def _initial_distribution(params: KSSolveParams, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray | None]:
@@ -42,14 +55,21 @@ def _grids(params: KSSolveParams) -> Grids:
                  params.K_grid.size, params.K_grid.min, params.K_grid.max)
 
 
+def policy_damping(params: KSSolveParams) -> float:
+    """The policy step's damping: the one given, else the method's default (0.7 time iteration, 1 EGM)."""
+    return DEFAULT_DAMPING[params.policy_method] if params.policy_damping is None else params.policy_damping
+
+
 def _settings(params: KSSolveParams) -> SolveSettings:
     return SolveSettings(
         n_agents=params.n_agents, periods=params.periods, burn_in=params.burn_in, tolerance=params.tolerance,
         damping=params.damping, max_iterations=params.max_iterations, interpolation=params.interpolation,
         precision=params.precision, seed=params.seed,
-        policy=PolicySettings(params.policy_tolerance, params.policy_damping, params.policy_max_iterations),
-        den_haan_periods=params.den_haan_periods,
+        policy=PolicySettings(params.policy_tolerance, policy_damping(params), params.policy_max_iterations,
+                              method=params.policy_method),
+        den_haan_periods=0 if params.accuracy_test == "jedc" else params.den_haan_periods,  # jedc: after the solve
         initial_alm=tuple(params.initial_alm),  # type: ignore[arg-type]
+        alm_simulation=params.alm_simulation,
     )
 
 
@@ -62,17 +82,45 @@ def _save_artifacts(ctx: RunContext, solution: Solution, grids: Grids) -> None:
                                             "a": solution.den_haan_a})
 
 
-def _result(params: KSSolveParams, solution: Solution) -> KSSolveResult:
+def _accuracy_inputs(params: KSSolveParams, ctx: RunContext) -> AccuracyInputs:
+    """The jedc test's inputs: the comparison's file, an uploaded path or cross-section in place of its own."""
+    inputs = jedc_inputs()
+    if params.accuracy_path is not None:
+        a_path, employed = path_from_frame(ctx.dataset(ACCURACY_PATH), ACCURACY_PATH)
+        inputs = replace(inputs, a_path=a_path, employed_path=employed, name="dataset")
+    if params.accuracy_distribution is not None:
+        k, masses = distribution_from_frame(ctx.dataset(ACCURACY_DISTRIBUTION), ACCURACY_DISTRIBUTION,
+                                            params.k_grid.min, params.k_grid.max)
+        inputs = replace(inputs, k_nodes=k, distribution=masses, name="dataset")
+    if params.den_haan_periods is not None and params.den_haan_periods > inputs.periods:
+        raise ValueError(f"den_haan_periods: the accuracy test's path has {inputs.periods} periods, "
+                         f"not {params.den_haan_periods}")
+    return inputs
+
+
+def _accuracy_stats(test: HistogramTest) -> AccuracyStats:
+    path = None if test.euler_path is None else EulerErrorStats(**vars(test.euler_path))
+    return AccuracyStats(test=test.name, periods=int(test.capital.size), den_haan_max_pct=test.max_pct,
+                         den_haan_mean_pct=test.mean_pct, mean_capital=test.mean_capital,
+                         euler_grid=EulerErrorStats(**vars(test.euler_grid)), euler_path=path)
+
+
+def _result(params: KSSolveParams, solution: Solution, accuracy: HistogramTest | None = None) -> KSSolveResult:
     bad, good = solution.regressions
     den_haan = None
     if solution.den_haan_max is not None and solution.den_haan_panel is not None:
         den_haan = DenHaanError(max_pct=solution.den_haan_max, mean_pct=solution.den_haan_mean,
-                                periods=int(solution.den_haan_panel.size))
+                                periods=int(solution.den_haan_panel.size),
+                                test="histogram" if params.alm_simulation == "histogram" else "panel")
+    if accuracy is not None:
+        den_haan = DenHaanError(max_pct=accuracy.max_pct, mean_pct=accuracy.mean_pct,
+                                periods=int(accuracy.capital.size), test="jedc")
     return KSSolveResult(
         alm=ALM(bad=StateALM(**vars(bad)), good=StateALM(**vars(good))),
         den_haan_error=den_haan,
         iterations=solution.iterations,
         converged=solution.converged,
+        warnings=solution.warnings,
         last_change=solution.last_change,
         policy_iterations=solution.policy_iterations,
         mean_capital=float(np.mean(solution.capital_path[params.burn_in:])),
@@ -84,6 +132,7 @@ def _result(params: KSSolveParams, solution: Solution) -> KSSolveResult:
         interpolation=params.interpolation,
         precision=params.precision,
         seed=params.seed,
+        accuracy=None if accuracy is None else _accuracy_stats(accuracy),
     )
 
 
@@ -91,13 +140,26 @@ def run_solve(params: KSSolveParams, ctx: RunContext) -> KSSolveResult:
     initial_k = initial_employed = None
     if params.initial_distribution is not None:  # a named dataset the context lacks fails loudly
         initial_k, initial_employed = _initial_distribution(params, ctx.dataset(INITIAL_DISTRIBUTION))
+    jedc = params.accuracy_test == "jedc" and params.den_haan_periods != 0
+    inputs = _accuracy_inputs(params, ctx) if jedc else None  # bad inputs fail before the solve
     grids = _grids(params)
+    cal = params.calibration.to_calibration()
     ctx.progress(0.0, "setup")
-    solution = solve(ctx.xp, params.calibration.to_calibration(), grids, _settings(params), ctx.timer,
+    solution = solve(ctx.xp, cal, grids, _settings(params), ctx.timer,
                      report=ctx.progress, initial_k=initial_k, initial_employed=initial_employed)
+    accuracy = None
+    if inputs is not None:
+        ctx.progress(0.95, "JEDC accuracy test")
+        with ctx.stage("accuracy_test"):
+            accuracy = histogram_test(cal, grids, params.interpolation, solution.policy, solution.alm, inputs,
+                                      params.den_haan_periods)
     with ctx.stage("artifacts"):
         _save_artifacts(ctx, solution, grids)
-    return _result(params, solution)
+        if accuracy is not None:
+            individual = {} if accuracy.individual_k is None else {"k_individual": accuracy.individual_k}
+            ctx.save_artifact("accuracy_path", {"K": accuracy.capital, "K_alm": accuracy.capital_alm,
+                                                "a": accuracy.a_path, **individual})
+    return _result(params, solution, accuracy)
 
 
 # Small enough for NumPy in CI (~2-3 s on two cores), yet both GPU kernels run: a cold start (ln K' = ln K)
@@ -116,7 +178,7 @@ KS_SOLVE = JobKind(
     result_model=KSSolveResult,
     run=run_solve,
     example=EXAMPLE,
-    dataset_fields=(INITIAL_DISTRIBUTION,),
+    dataset_fields=(INITIAL_DISTRIBUTION, ACCURACY_PATH, ACCURACY_DISTRIBUTION),
     summary="Krusell-Smith (1998) economy solved by the KS algorithm: Euler-equation policy step and "
     "panel simulation both on the GPU",
 )

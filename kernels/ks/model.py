@@ -60,9 +60,30 @@ class Calibration:
         return self.mu * self.unemployment / self.labour
 
     @property
-    def steady_state_capital(self) -> float:
-        """Deterministic steady state with labour input 1 (MMV's starting point for every agent)."""
+    def steady_state_ratio(self) -> float:
+        """Deterministic steady-state capital per unit of labour: ((1/beta - 1 + delta) / alpha)^(1/(alpha - 1))."""
         return ((1.0 / self.beta - (1.0 - self.delta)) / self.alpha) ** (1.0 / (self.alpha - 1.0))
+
+    @property
+    def steady_state_capital(self) -> float:
+        """Deterministic steady state at the bad state's labour input (MMV's starting point for every agent):
+        (K / L) l_bar (1 - u_bad), which is K / L itself in the DHJJ calibration (labour 1 in the bad state)."""
+        return self.steady_state_ratio * float(self.labour[0])
+
+
+# Named calibrations (``calibration: {"preset": ...}``): the fields that differ from the DHJJ defaults and a K grid
+# that holds the economy's ergodic set. KS 1998 has no unemployment insurance (mu = 0); its labour endowment
+# l_bar = 0.3271 is HARK's (KrusellSmithEconomy's LbrInd, "got indirectly from KS"), the rest is the DHJJ
+# calibration (same shocks and transition matrix). With mu = 0 the economy is homogeneous of degree one in
+# l_bar, so its K grid is DHJJ's [30, 50] scaled by 0.3271 / (1 / 0.9).
+CALIBRATION_PRESETS: dict[str, dict[str, float]] = {
+    "dhjj2010": {},
+    "ks1998": {"mu": 0.0, "l_bar": 0.3271},
+}
+PRESET_K_GRID: dict[str, tuple[float, float]] = {
+    "dhjj2010": (30.0, 50.0),
+    "ks1998": (8.8, 14.8),
+}
 
 
 def aggregate_transition(cal: Calibration) -> np.ndarray:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -43,16 +43,23 @@ _EULER_DEFINES = cuda.real_define(np.float64)
 _EULER_SOURCE = cuda.kernel_source(__file__, "policy.cu", headers=["ks/interp.cuh"], warm_up=[_EULER_DEFINES])
 
 
+PolicyMethod = Literal["time_iteration", "egm"]
+DEFAULT_DAMPING: dict[str, float] = {"time_iteration": 0.7, "egm": 1.0}
+
+
 @dataclass(frozen=True)
 class PolicySettings:
     tolerance: float = 1e-8
     damping: float = 0.7
     max_iterations: int = 20_000
     check_every: int = 10  # steps between convergence tests (1 = every step), the same on CPU and GPU
+    method: PolicyMethod = "time_iteration"
 
     def __post_init__(self) -> None:
         if self.check_every < 1:
             raise ValueError(f"check_every must be positive, not {self.check_every}")
+        if self.method not in DEFAULT_DAMPING:
+            raise ValueError(f"policy method must be 'time_iteration' or 'egm', not {self.method!r}")
 
     def checks(self, iteration: int) -> bool:
         """Whether convergence is tested after step ``iteration`` (1-based)."""
@@ -80,6 +87,14 @@ class EulerProblem:
             for eps in range(2):
                 wealth_now[a, eps] = wealth(np, cal, k[:, None], capital[None, :], a, eps)
         self.wealth_now = xp.asarray(wealth_now)
+        # the EGM step inverts cash = gross_now k + income_now for k at each choice k' (end-of-period grid)
+        gross = np.stack([interest_rate(np, cal, capital, a) + (1.0 - cal.delta) for a in range(2)])
+        income = np.stack([[labour_income_factor(cal, a, eps) * wage(np, cal, capital, a) for eps in range(2)]
+                           for a in range(2)])
+        self.gross_now = xp.asarray(gross.reshape(2, 1, 1, grids.K_size))  # [a, j] -> (2, 1, 1, nK)
+        self.income_now = xp.asarray(income.reshape(2, 2, 1, grids.K_size))  # [a, eps, j]
+        self.choice_nodes = xp.asarray(np.broadcast_to(k[None, None, :, None], (2, 2, grids.k_size, grids.K_size))
+                                       .copy())
         # prob[a', eps'] has shape (2, 2, 1, 1) over the current (a, eps)
         p = cal.transition_matrix.reshape(2, 2, 2, 2)
         self.prob = [[xp.asarray(p[:, :, a_next, e_next].reshape(2, 2, 1, 1).copy()) for e_next in range(2)]
@@ -138,6 +153,56 @@ def euler_update(xp: ModuleType, problem: EulerProblem, policy: Any, prices: tup
     return damping * k_new + (1.0 - damping) * policy, diff
 
 
+def endogenous_capital(xp: ModuleType, problem: EulerProblem, policy: Any, prices: tuple[Any, Any, Any]) -> Any:
+    """EGM, first half: the current k at which each end-of-period choice k' = k_i' is optimal.
+
+    c from the Euler equation at the choice k_i' (next period's k'' read off ``policy`` at the node k_i', so
+    only the K' direction is interpolated), then cash = c + k_i' and k = (cash - income_now) / gross_now.
+    Shape (2, 2, k_size, K_size), axis 2 over the choice nodes.
+    """
+    grids = problem.grids
+    capital_next, r_next, w_next = prices
+    table = policy.reshape(4, grids.k_size, grids.K_size)
+    choice = problem.choice_nodes
+    consumption = euler_consumption(xp, problem, table, choice, capital_next, r_next, w_next)
+    return (consumption + choice - problem.income_now) / problem.gross_now
+
+
+def policy_on_grid(xp: ModuleType, problem: EulerProblem, k_end: Any) -> Any:
+    """EGM, second half: k'(k_i, K_j) by linear interpolation of the choices k_i' over their endogenous k.
+
+    Per column (a, eps, K_j) the endogenous points are made non-decreasing by a running maximum (they are
+    increasing at a solution; the running maximum only fixes the order of a transient iterate, the same way
+    on both backends); cell p of k_i is the last endogenous point <= k_i, clamped to [0, k_size - 2], and
+    k' = k_p' + w (k_{p+1}' - k_p') with w = (k_i - e_p) / (e_{p+1} - e_p) (w = 0 where e_{p+1} = e_p).
+    Below the first endogenous point the borrowing constraint binds (w < 0: clipped to k_min); above the last
+    the line is extended and clipped to k_max. NumPy only: on a GPU the kernel ``ks_egm_onto_grid`` runs it.
+    """
+    grids = problem.grids
+    nodes = grids.k
+    ends = np.maximum.accumulate(np.asarray(k_end), axis=2)
+    out = np.empty_like(ends)
+    for a in range(2):
+        for eps in range(2):
+            for j in range(grids.K_size):
+                column = ends[a, eps, :, j]
+                cell = np.clip(np.searchsorted(column, nodes, side="right") - 1, 0, grids.k_size - 2)
+                low, high = column[cell], column[cell + 1]
+                span = high - low
+                safe = np.where(span > 0.0, span, 1.0)
+                weight = np.where(span > 0.0, (nodes - low) / safe, 0.0)
+                out[a, eps, :, j] = nodes[cell] + weight * (nodes[cell + 1] - nodes[cell])
+    return np.clip(out, grids.k_min, grids.k_max)
+
+
+def egm_update(xp: ModuleType, problem: EulerProblem, policy: Any, prices: tuple[Any, Any, Any],
+               damping: float) -> tuple[Any, float]:
+    """One endogenous-grid-method step (Carroll 2006) on the whole grid: (new policy, max |k'n - g|)."""
+    k_new = policy_on_grid(xp, problem, endogenous_capital(xp, problem, policy, prices))
+    diff = float(np.max(np.abs(k_new - policy)))
+    return damping * k_new + (1.0 - damping) * policy, diff
+
+
 def device_prices(xp: ModuleType, problem: EulerProblem, alm: np.ndarray) -> tuple[Any, Any, Any]:
     """K', r', w' shaped for broadcasting over (a, eps, k, K): K' (2,1,1,nK); r', w' [a'] -> (2,1,1,nK)."""
     k_next, r_next, w_next = problem.next_prices(alm)
@@ -180,10 +245,13 @@ def solve_policy(
         use_kernel = not is_numpy(xp)
     if use_kernel:
         return _solve_policy_cuda(xp, problem, alm, policy, settings, checkpoint, checkpoint_every)
+    if settings.method == "egm" and not is_numpy(xp):
+        raise ValueError("the EGM array code runs on NumPy only; on a GPU the kernels run it (use_kernel=True)")
     prices = device_prices(xp, problem, alm)
+    step = egm_update if settings.method == "egm" else euler_update
     diff = float("inf")
     for iteration in range(1, settings.max_iterations + 1):
-        policy, diff = euler_update(xp, problem, policy, prices, settings.damping)
+        policy, diff = step(xp, problem, policy, prices, settings.damping)
         if settings.checks(iteration) and diff <= settings.tolerance:
             return PolicySolution(policy, iteration, diff, True)
         if checkpoint is not None and iteration % checkpoint_every == 0:
@@ -217,8 +285,8 @@ def euler_residuals(xp: ModuleType, problem: EulerProblem, policy: Any, alm: np.
     return xp.where(binding, xp.nan, residual)
 
 
-def _euler_kernel() -> Any:
-    return cuda.function(_EULER_SOURCE, "ks_euler_step", defines=_EULER_DEFINES)
+def _policy_kernel(name: str) -> Any:
+    return cuda.function(_EULER_SOURCE, name, defines=_EULER_DEFINES)
 
 
 def grid_args(grids: Grids, dtype: Any = np.float64) -> tuple[Any, ...]:
@@ -229,7 +297,11 @@ def grid_args(grids: Grids, dtype: Any = np.float64) -> tuple[Any, ...]:
 
 
 def method_code(method: Method) -> int:
-    return 0 if method == "bilinear" else 1
+    """ks_interpolate's method code (interp.cuh): 0 bilinear, 1 Catmull-Rom, 2 local cubic."""
+    codes = {"bilinear": 0, "catmull_rom": 1, "cubic": 2}
+    if method not in codes:
+        raise ValueError(f"interpolation must be one of {', '.join(codes)}, not {method!r}")
+    return codes[method]
 
 
 def _solve_policy_cuda(xp: ModuleType, problem: EulerProblem, alm: np.ndarray, policy: Any,
@@ -248,15 +320,31 @@ def _solve_policy_cuda(xp: ModuleType, problem: EulerProblem, alm: np.ndarray, p
     total = current.size
     threads = _EULER_THREADS
     blocks = (total + threads - 1) // threads
-    kernel = _euler_kernel()
     grid = grid_args(grids)
+    code = np.int32(method_code(problem.method))
+    constants = (np.float64(1.0 - cal.delta), np.float64(cal.beta), np.float64(cal.gamma))
+    damping, floor = np.float64(settings.damping), np.float64(CONSUMPTION_FLOOR)
+    if settings.method == "egm":
+        endogenous, onto_grid = _policy_kernel("ks_egm_endogenous"), _policy_kernel("ks_egm_onto_grid")
+        k_end = xp.empty_like(current)
+        gross_now, income_now = xp.ascontiguousarray(problem.gross_now), xp.ascontiguousarray(problem.income_now)
+        columns = 4 * grids.K_size
+        column_blocks = (columns + threads - 1) // threads
+
+        def launch(source: Any, target: Any) -> None:
+            endogenous((blocks,), (threads,), (source, k_end, problem.k_nodes, gross_now, income_now, capital_next,
+                                               rates, wages, prob, factors, *grid, code, *constants, floor))
+            onto_grid((column_blocks,), (threads,), (source, target, change, k_end, problem.k_nodes, grid[0],
+                                                     grid[1], grid[2], grid[3], damping))
+    else:
+        kernel = _policy_kernel("ks_euler_step")
+
+        def launch(source: Any, target: Any) -> None:
+            kernel((blocks,), (threads,), (source, target, change, problem.k_nodes, problem.wealth_now, capital_next,
+                                           rates, wages, prob, factors, *grid, code, *constants, damping, floor))
     diff = float("inf")
     for iteration in range(1, settings.max_iterations + 1):
-        kernel((blocks,), (threads,), (current, scratch, change, problem.k_nodes, problem.wealth_now,
-                                       capital_next, rates, wages, prob, factors, *grid,
-                                       np.int32(method_code(problem.method)), np.float64(1.0 - cal.delta),
-                                       np.float64(cal.beta), np.float64(cal.gamma), np.float64(settings.damping),
-                                       np.float64(CONSUMPTION_FLOOR)))
+        launch(current, scratch)
         current, scratch = scratch, current
         if settings.checks(iteration):  # otherwise no read-back: the next launch queues behind this one
             diff = float(change.max())

@@ -6,7 +6,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kernels.ks.model import DHJJ_TRANSITION, Calibration, validate_calibration
+from kernels.ks.inputs import JEDC_PERIODS
+from kernels.ks.model import (
+    CALIBRATION_PRESETS,
+    DHJJ_TRANSITION,
+    PRESET_K_GRID,
+    Calibration,
+    validate_calibration,
+)
 from kernels.ks.solve import MIN_DEN_HAAN_PERIODS
 from kernels.spec import JobParams, ResultModel, ResultPart
 
@@ -14,7 +21,7 @@ DEFAULT_SEED = 19_980_101
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class IndividualGrid(_Part):
@@ -45,8 +52,15 @@ class AggregateGrid(_Part):
 
 
 class CalibrationSpec(_Part):
-    """Den Haan, Judd & Juillard (2010) by default; transition rows/columns (bad,u), (bad,e), (good,u), (good,e)."""
+    """Den Haan, Judd & Juillard (2010) by default; transition rows/columns (bad,u), (bad,e), (good,u), (good,e).
 
+    ``preset`` names a calibration (``model.CALIBRATION_PRESETS``) whose values fill the fields not given."""
+
+    preset: Literal["dhjj2010", "ks1998"] | None = Field(
+        default=None,
+        description="named calibration: dhjj2010 (the defaults) or ks1998 (mu = 0, l_bar = 0.3271: Krusell-Smith "
+        "1998 as in HARK's KrusellSmithEconomy); fields given beside it override it",
+    )
     beta: float = Field(default=0.99, gt=0.0, lt=1.0)
     gamma: float = Field(default=1.0, gt=0.0, le=20.0)
     alpha: float = Field(default=0.36, gt=0.0, lt=1.0)
@@ -59,6 +73,13 @@ class CalibrationSpec(_Part):
     transition: list[list[float]] = Field(
         default_factory=lambda: [list(row) for row in DHJJ_TRANSITION], min_length=4, max_length=4
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_preset(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("preset") in CALIBRATION_PRESETS:
+            return {**CALIBRATION_PRESETS[data["preset"]], **data}
+        return data
 
     def to_calibration(self) -> Calibration:
         return Calibration(self.beta, self.gamma, self.alpha, self.delta, self.l_bar, self.mu, self.delta_a,
@@ -84,8 +105,9 @@ class KSSolveParams(JobParams):
     tolerance: float = Field(default=1e-7, gt=0.0, le=0.1, description="stop when ||B_new - B||_2 < tolerance")
     damping: float = Field(default=0.3, gt=0.0, le=1.0, description="weight of the new regression in the ALM update")
     max_iterations: int = Field(default=100, ge=1, le=1000, description="outer (ALM) iterations at most")
-    interpolation: Literal["bilinear", "catmull_rom"] = Field(
-        default="catmull_rom", description="policy interpolation (policy step and panel)"
+    interpolation: Literal["bilinear", "catmull_rom", "cubic"] = Field(
+        default="catmull_rom", description="policy interpolation (policy step and panel); 'cubic' is the local "
+        "cubic (four-point Lagrange) in physical k and K, the most accurate (docs/ks.md)"
     )
     precision: Literal["float64", "float32"] = Field(
         default="float64", description="panel arithmetic (the policy step is always float64)"
@@ -93,7 +115,15 @@ class KSSolveParams(JobParams):
     seed: int = Field(default=DEFAULT_SEED, ge=0, le=2**63 - 1, description="Philox key of every draw")
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     policy_tolerance: float = Field(default=1e-8, gt=0.0, le=1e-2, description="max |k'_new - k'| of the policy step")
-    policy_damping: float = Field(default=0.7, gt=0.0, le=1.0, description="weight of the new policy per step")
+    policy_method: Literal["time_iteration", "egm"] = Field(
+        default="time_iteration",
+        description="policy step: Euler-equation time iteration (MMV) or the endogenous grid method (Carroll 2006; "
+        "converges undamped, also without unemployment benefit, mu = 0)",
+    )
+    policy_damping: float | None = Field(
+        default=None, gt=0.0, le=1.0,
+        description="weight of the new policy per step (default 0.7 for time_iteration, 1 for egm)",
+    )
     policy_max_iterations: int = Field(default=20_000, ge=10, le=1_000_000)
     den_haan_periods: int | None = Field(
         default=None, ge=0, le=100_000,
@@ -108,11 +138,55 @@ class KSSolveParams(JobParams):
         default=None,
         description="dataset id with column k (and optionally employed, 0/1); row i mod rows starts agent i",
     )
+    alm_simulation: Literal["panel", "histogram"] = Field(
+        default="panel",
+        description="what the ALM is fitted to: panel, the mean capital of n_agents simulated agents (Hatcher & "
+        "Scheffel); histogram, the mean of a non-stochastic histogram of the cross-section on 2,001 capital nodes "
+        "moved along the same aggregate path (Young 2010, MMV's non-stochastic simulation): no sampling noise, "
+        "n_agents unused; with interpolation 'cubic' it reaches MMV's published accuracy (docs/ks.md)",
+    )
+    accuracy_test: Literal["panel", "jedc"] = Field(
+        default="panel",
+        description="panel: Den Haan's test on a fresh stochastic path of the panel; jedc: the Den Haan-Judd-"
+        "Juillard (2010) test, a non-stochastic histogram moved along the comparison's 10,000-period shock path "
+        "from its initial cross-section, with Euler-equation errors (docs/ks.md)",
+    )
+    accuracy_path: str | None = Field(
+        default=None,
+        description="jedc test: dataset id with column a (0 bad, 1 good) and optionally employed (0/1, one "
+        "agent's path for the Euler errors), replacing the comparison's shock path",
+    )
+    accuracy_distribution: str | None = Field(
+        default=None,
+        description="jedc test: dataset id with columns k (increasing nodes), unemployed and employed (masses), "
+        "replacing the comparison's initial cross-section",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_K_grid(cls, data: object) -> object:
+        # a calibration preset brings a K grid around its own steady state unless K_grid is given
+        if isinstance(data, dict) and "K_grid" not in data and isinstance(data.get("calibration"), dict):
+            preset = data["calibration"].get("preset")
+            if preset in PRESET_K_GRID:
+                low, high = PRESET_K_GRID[preset]
+                return {**data, "K_grid": {"min": low, "max": high}}
+        return data
 
     @model_validator(mode="after")
     def _panel_long_enough(self) -> KSSolveParams:
         if self.burn_in + 10 > self.periods:
             raise ValueError("burn_in must leave at least 10 periods of the panel for the ALM regression")
+        return self
+
+    @model_validator(mode="after")
+    def _accuracy_inputs_need_the_jedc_test(self) -> KSSolveParams:
+        for name in ("accuracy_path", "accuracy_distribution"):
+            if getattr(self, name) is not None and self.accuracy_test != "jedc":
+                raise ValueError(f"{name} is an input of the jedc accuracy test: set accuracy_test to 'jedc'")
+        if (self.accuracy_test == "jedc" and self.accuracy_path is None and self.den_haan_periods is not None
+                and self.den_haan_periods > JEDC_PERIODS):
+            raise ValueError(f"den_haan_periods: the jedc test's path has {JEDC_PERIODS} periods")
         return self
 
     @field_validator("den_haan_periods")
@@ -142,6 +216,25 @@ class DenHaanError(ResultPart):
     max_pct: float = Field(description="max over t of 100 |ln K_t(ALM alone) - ln K_t(panel)| on a fresh path")
     mean_pct: float
     periods: int
+    test: str = Field(default="panel", description="panel (the panel on a fresh stochastic path), histogram (the "
+                      "solve's histogram on a fresh path) or jedc (a histogram on the JEDC path)")
+
+
+class EulerErrorStats(ResultPart):
+    mean_log10: float = Field(description="log10 of the mean |c / c_Euler - 1| (points at the borrowing limit "
+                              "under both left out)")
+    max_log10: float
+    points: int
+
+
+class AccuracyStats(ResultPart):
+    test: str = Field(description="jedc (the comparison's inputs) or dataset (uploaded path or cross-section)")
+    periods: int
+    den_haan_max_pct: float
+    den_haan_mean_pct: float
+    mean_capital: float = Field(description="mean of K_t along the test's histogram path")
+    euler_grid: EulerErrorStats = Field(description="on the histogram's k nodes x K on and between the K nodes")
+    euler_path: EulerErrorStats | None = Field(description="along one agent's path through the test (idshock)")
 
 
 class KSSolveResult(ResultModel):
@@ -150,6 +243,11 @@ class KSSolveResult(ResultModel):
     den_haan_error: DenHaanError | None
     iterations: int
     converged: bool
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what to know about this solution (e.g. the outer loop stopped before converging); a K grid "
+        "the simulated K leaves, or a degenerate regression, ends the job failed instead",
+    )
     last_change: float = Field(description="||B_new - B||_2 at the last outer iteration")
     policy_iterations: list[int] = Field(description="Euler-equation iterations per outer iteration")
     mean_capital: float = Field(description="mean of K_t after burn_in in the last simulation")
@@ -161,3 +259,4 @@ class KSSolveResult(ResultModel):
     interpolation: str
     precision: str
     seed: int
+    accuracy: AccuracyStats | None = None

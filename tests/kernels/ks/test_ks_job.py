@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from kernels.context import MissingDatasetError, local_context, run_kind
-from kernels.ks.jobs import KS_SOLVE
+from kernels.ks.jobs import KS_SOLVE, policy_damping
 from kernels.ks.spec import KSSolveParams, KSSolveResult
 from kernels.progress import JobCancelled, LocalProgress
 from kernels.registry import get_kind
@@ -27,7 +27,7 @@ def test_registered_with_example() -> None:
     assert kind is KS_SOLVE
     assert kind.params_model is KSSolveParams
     assert kind.result_model is KSSolveResult
-    assert kind.dataset_fields == ("initial_distribution",)
+    assert kind.dataset_fields == ("initial_distribution", "accuracy_path", "accuracy_distribution")
     KSSolveParams.model_validate(kind.example.params)
     assert kind.example.frames() == {}
 
@@ -37,7 +37,9 @@ def test_defaults_are_the_standard_ks_sim_settings() -> None:
     assert (p.n_agents, p.periods, p.burn_in) == (10_000, 1_100, 100)
     assert (p.k_grid.size, p.k_grid.min, p.k_grid.max, p.k_grid.spacing_power) == (100, 0.0, 1000.0, 7.0)
     assert (p.K_grid.size, p.K_grid.min, p.K_grid.max) == (4, 30.0, 50.0)
-    assert (p.tolerance, p.damping, p.policy_damping) == (1e-7, 0.3, 0.7)
+    assert (p.tolerance, p.damping, p.policy_method, p.policy_damping) == (1e-7, 0.3, "time_iteration", None)
+    assert policy_damping(p) == 0.7  # the stored jobs' damping when none is given
+    assert policy_damping(KSSolveParams(policy_method="egm")) == 1.0
     assert p.calibration.transition[3] == [0.009115, 0.115885, 0.024306, 0.850694]
 
 
@@ -100,7 +102,8 @@ def test_run_returns_every_result_name_and_artifacts() -> None:
         assert 0.9 < result["alm"][state]["slope"] < 1.0
         assert result["alm"][state]["r2"] > 0.999
         assert 0 < result["alm"][state]["se"] < 0.01
-    assert set(result["den_haan_error"]) == {"max_pct", "mean_pct", "periods"}
+    assert set(result["den_haan_error"]) == {"max_pct", "mean_pct", "periods", "test"}
+    assert result["den_haan_error"]["test"] == "panel" and result["accuracy"] is None
     assert result["den_haan_error"]["periods"] == 100
     assert 0 < result["den_haan_error"]["mean_pct"] <= result["den_haan_error"]["max_pct"] < 5
     assert 1 <= result["iterations"] <= 3 and isinstance(result["converged"], bool)

@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import cuda
 from kernels.backend import device_label, get_namespace, synchronize, to_host
-from kernels.dualcontrol.grid import interpolate, make_state_grid
+from kernels.dualcontrol.bellman import Interpolation
+from kernels.dualcontrol.grid import interpolate, make_state_grid, x_curvature
 from kernels.dualcontrol.model import ModelParams
 from kernels.dualcontrol.solve import Criterion, SolveSettings, solve
 
@@ -60,7 +61,15 @@ CRITERIA = ("macqueen_porteus", "sup_norm")
 
 
 def run_one(
-    xp, n: int, policy: str, variant: str, nodes: int, max_iterations: int, dtype, criterion: Criterion
+    xp,
+    n: int,
+    policy: str,
+    variant: str,
+    nodes: int,
+    max_iterations: int,
+    dtype,
+    criterion: Criterion,
+    interpolation: Interpolation = "quadratic",
 ) -> dict:
     grid = grid_of(n)
     sweeps, coarse_to_fine = VARIANTS[variant]
@@ -74,6 +83,7 @@ def run_one(
         criterion=criterion,
         quadrature_nodes=nodes,
         dtype=dtype,
+        interpolation=interpolation,
     )
     synchronize(xp)
     start = time.perf_counter()
@@ -81,7 +91,9 @@ def run_one(
     synchronize(xp)
     seconds = time.perf_counter() - start
     value = to_host(solution.value)
-    at = interpolate(value, grid, grid.node_arrays(np), *REPORT_STATES.T, np)
+    curvature = x_curvature(value, grid.x.nodes(), np) if interpolation == "quadratic" else None
+    baseline = MODEL.inert_coefficients() if interpolation == "residual" else None
+    at = interpolate(value, grid, grid.node_arrays(np), *REPORT_STATES.T, np, baseline, curvature)
     return {
         "n": n,
         "policy": policy,
@@ -90,6 +102,7 @@ def run_one(
         "tolerance": TOLERANCE[policy],
         "nodes": nodes,
         "precision": np.dtype(dtype).name,
+        "interpolation": interpolation,
         "seconds": round(seconds, 3),
         "converged": solution.converged,
         "iterations": solution.iterations,
@@ -122,6 +135,12 @@ def main() -> None:
         "sup_norm = the paper's delta/(1-delta) scaled sup-norm step; both relative to max |V|",
     )
     parser.add_argument("--nodes", type=int, default=32)
+    parser.add_argument(
+        "--interpolation",
+        choices=["quadratic", "trilinear", "residual"],
+        default="quadratic",
+        help="the job's default is quadratic (trilinear plus the x curvature term: 8 more gathers per node)",
+    )
     parser.add_argument("--precision", choices=["float64", "float32"], default="float64")
     parser.add_argument("--max-iterations", type=int, default=2000)
     parser.add_argument("--budget", type=float, default=float("inf"), help="skip rows once this many s are spent")
@@ -140,7 +159,7 @@ def main() -> None:
         modules = cuda.warm_up()  # the worker's start-up compile of every declared variant
         print(f"warm-up: {modules} CUDA modules in {time.perf_counter() - start:.2f} s", flush=True)
         for policy in ("inert", "myopic", "optimal"):  # CuPy's own kernels (reductions, interpolation)
-            run_one(xp, 32, policy, "full", 4, 3, dtype, args.criterion)
+            run_one(xp, 32, policy, "full", 4, 3, dtype, args.criterion, args.interpolation)
     rows, spent = [], 0.0
     for n in args.sizes:
         for policy in args.policies:
@@ -153,7 +172,9 @@ def main() -> None:
                 if spent > args.budget:
                     print(f"skipped n={n} {policy} {variant}: budget spent", flush=True)
                     continue
-                row = run_one(xp, n, policy, variant, args.nodes, args.max_iterations, dtype, args.criterion)
+                row = run_one(
+                    xp, n, policy, variant, args.nodes, args.max_iterations, dtype, args.criterion, args.interpolation
+                )
                 spent += row["seconds"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)

@@ -120,6 +120,10 @@ STREAMS: Mapping[str, int] = MappingProxyType({
     "KS_INITIAL_EMPLOYMENT": 3,
     "KS_TEST_AGGREGATE": 11,  # the fresh path of the Den Haan accuracy test
     "KS_TEST_IDIOSYNCRATIC": 12,
+    # Dual-control Monte Carlo of each policy's cost (kernels/dualcontrol/simulate.py): the unknown response
+    # drawn once per path from the prior, and the shock of every period (common to all policies).
+    "DUALCONTROL_SIM_BETA": 1,
+    "DUALCONTROL_SIM_SHOCK": 2,
 })
 
 

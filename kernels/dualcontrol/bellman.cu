@@ -9,7 +9,10 @@
 // params layout (see CudaBellman.__init__):
 //   0 alpha, 1 gamma, 2 sigma_eps^2, 3 delta, 4 omega, 5 xbar, 6 ubar, 7 A, 8 B, 9 C (inert V0 = A x^2 + B x + C),
 //   10 omega*ubar, 11 omega*ubar^2, then per axis (x, mu, Sigma) 7 numbers:
-//   lo, hi, centre, stretch = sinh(c)/R, concentration c, z_lo, 1/dz.
+//   lo, hi, centre, stretch = sinh(c)/R, concentration c, z_lo, 1/dz;
+//   33 residual: 1 = interpolate V - V0 and add V0 (grid.interpolate's baseline), 0 = plain trilinear;
+//   34 quadratic: 1 = subtract (1/2) D2 (x - x_i)(x_{i+1} - x), D2 = d2V/dx2 at the nodes (grid.x_curvature)
+//      interpolated like V (grid.interpolate's curvature), 0 = none (D2 is then not read).
 
 typedef REAL real;
 
@@ -21,12 +24,14 @@ struct Axis {
 
 struct Model {
     real alpha, gamma, se2, delta, omega, xbar, ubar, a, b, c, omega_ubar, omega_ubar2;
+    bool residual, quadratic;
 };
 
 struct Problem {
     Model m;
     Axis ax, amu, as;
     const real* __restrict__ V;
+    const real* __restrict__ D2;
     const real* __restrict__ qz;
     const real* __restrict__ qw;
     int nq;
@@ -79,7 +84,28 @@ __device__ __forceinline__ real q_value(const Problem& P, real u, real x, real m
         real s11 = __ldg(v1 + ns) * ((real)1 - ws) + __ldg(v1 + ns + 1) * ws;
         real t0 = s00 * ((real)1 - wm) + s01 * wm;
         real t1 = s10 * ((real)1 - wm) + s11 * wm;
-        ev += __ldg(P.qw + k) * (t0 * ((real)1 - wx) + t1 * wx);
+        real v = t0 * ((real)1 - wx) + t1 * wx;
+        if (m.quadratic) {  // grid.interpolate's curvature: the same corners of D2, then the x correction
+            const size_t o0 = ((size_t)ix * nmu + jm) * ns + ks, o1 = o0 + (size_t)nmu * ns;
+            const real* c0 = P.D2 + o0;
+            const real* c1 = P.D2 + o1;
+            real d00 = __ldg(c0) * ((real)1 - ws) + __ldg(c0 + 1) * ws;
+            real d01 = __ldg(c0 + ns) * ((real)1 - ws) + __ldg(c0 + ns + 1) * ws;
+            real d10 = __ldg(c1) * ((real)1 - ws) + __ldg(c1 + 1) * ws;
+            real d11 = __ldg(c1 + ns) * ((real)1 - ws) + __ldg(c1 + ns + 1) * ws;
+            real e0 = d00 * ((real)1 - wm) + d01 * wm;
+            real e1 = d10 * ((real)1 - wm) + d11 * wm;
+            real d2 = e0 * ((real)1 - wx) + e1 * wx;
+            real h = __ldg(P.ax.nodes + ix + 1) - __ldg(P.ax.nodes + ix);
+            v = v - (real)0.5 * d2 * (wx * ((real)1 - wx)) * (h * h);
+        }
+        if (m.residual) {  // grid.baseline_correction: V0(x') - linear interpolant of V0 between the x nodes
+            const real left = __ldg(P.ax.nodes + ix), right = __ldg(P.ax.nodes + ix + 1);
+            const real q_left = (m.a * left + m.b) * left + m.c;
+            const real q_right = (m.a * right + m.b) * right + m.c;
+            v = v + (((m.a * xn + m.b) * xn + m.c) - (q_left * ((real)1 - wx) + q_right * wx));
+        }
+        ev += __ldg(P.qw + k) * v;
     }
     real gap = mean - m.xbar;
     real du = u - m.ubar;
@@ -89,27 +115,29 @@ __device__ __forceinline__ real q_value(const Problem& P, real u, real x, real m
 
 __device__ __forceinline__ Problem load_problem(const real* params, const real* gx, const real* gmu, const real* gs,
                                                 const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
-                                                const real* V) {
+                                                const real* V, const real* D2) {
     Problem P;
     P.m.alpha = params[0]; P.m.gamma = params[1]; P.m.se2 = params[2]; P.m.delta = params[3];
     P.m.omega = params[4]; P.m.xbar = params[5]; P.m.ubar = params[6];
     P.m.a = params[7]; P.m.b = params[8]; P.m.c = params[9];
     P.m.omega_ubar = params[10]; P.m.omega_ubar2 = params[11];
+    P.m.residual = params[33] != (real)0;
+    P.m.quadratic = params[34] != (real)0;
     P.ax = load_axis(params + 12, gx, nx);
     P.amu = load_axis(params + 19, gmu, nmu);
     P.as = load_axis(params + 26, gs, ns);
-    P.V = V; P.qz = qz; P.qw = qw; P.nq = nq;
+    P.V = V; P.D2 = D2; P.qz = qz; P.qw = qw; P.nq = nq;
     return P;
 }
 
 extern "C" __global__ void dc_evaluate(const real* params, const real* gx, const real* gmu, const real* gs,
                                        const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
-                                       const real* __restrict__ V, const real* __restrict__ U,
-                                       real* __restrict__ V_out) {
+                                       const real* __restrict__ V, const real* __restrict__ D2,
+                                       const real* __restrict__ U, real* __restrict__ V_out) {
     const long long n_points = (long long)nx * nmu * ns;
     const long long p = (long long)blockDim.x * blockIdx.x + threadIdx.x;
     if (p >= n_points) return;
-    const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V);
+    const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V, D2);
     const int ks = (int)(p % ns);
     const int jm = (int)((p / ns) % nmu);
     const int ix = (int)(p / ((long long)ns * nmu));
@@ -118,12 +146,13 @@ extern "C" __global__ void dc_evaluate(const real* params, const real* gx, const
 
 extern "C" __global__ void dc_improve(const real* params, const real* gx, const real* gmu, const real* gs,
                                       const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
-                                      const real* __restrict__ V, const real* __restrict__ U_prev, int has_prev,
+                                      const real* __restrict__ V, const real* __restrict__ D2,
+                                      const real* __restrict__ U_prev, int has_prev,
                                       int n_scan, int n_golden, real* __restrict__ V_out, real* __restrict__ U_out) {
     const long long n_points = (long long)nx * nmu * ns;
     const long long p = (long long)blockDim.x * blockIdx.x + threadIdx.x;
     if (p >= n_points) return;
-    const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V);
+    const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V, D2);
     const Model& m = P.m;
     const int ks = (int)(p % ns);
     const int jm = (int)((p / ns) % nmu);

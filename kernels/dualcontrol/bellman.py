@@ -4,7 +4,9 @@
 ``x' ~ N(alpha + mu u + gamma x, u^2 Sigma + sigma_eps^2)`` (a Gauss-Hermite sum over x') and the beliefs
 are Bayes-updated at each node: ``Sigma' = 1 / (1/Sigma + u^2/sigma_eps^2)``,
 ``mu' = Sigma' (mu/Sigma + u y / sigma_eps^2)`` with ``y = x' - alpha - gamma x`` (docs/dualcontrol.md). V
-between nodes is the trilinear interpolant, constant beyond the cuboid.
+between nodes is the trilinear interpolant, constant beyond the cuboid; with ``interpolation="residual"``
+that of ``V - V0`` (``V0`` the inert closed form, a quadratic in x) plus ``V0``, so the residual is what is
+held constant beyond the cuboid and the inert cost-to-go is reproduced exactly.
 
 Two implementations of one interface (``evaluate``: apply a fixed policy; ``improve``: minimise over u):
 ``ArrayBellman`` is written against the array namespace (NumPy, or CuPy as a slow reference), and
@@ -17,13 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from functools import cached_property
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from kernels import cuda
 from kernels.backend import is_numpy
-from kernels.dualcontrol.grid import StateGrid, interpolate
+from kernels.dualcontrol.grid import StateGrid, interpolate, x_curvature
 from kernels.dualcontrol.minimize import INVERSE_GOLDEN_RATIO, golden_section_minimise
 from kernels.dualcontrol.model import ModelParams, inert_bounds, inert_value, myopic_policy
 from kernels.dualcontrol.quadrature import normal_quadrature
@@ -36,6 +39,9 @@ def kernel_defines(dtype: Any) -> dict[str, cuda.DefineValue]:
 
 # Both precisions the job kind offers (``precision``: float64, float32) are compiled at worker start.
 _SOURCE = cuda.kernel_source(__file__, "bellman.cu", warm_up=[kernel_defines(np.float64), kernel_defines(np.float32)])
+
+
+Interpolation = Literal["trilinear", "quadratic", "residual"]
 
 
 @dataclass(frozen=True)
@@ -67,18 +73,37 @@ class ArrayBellman:
         dtype: Any = np.float64,
         minimiser: MinimiserSettings | None = None,
         chunk_entries: int = 1 << 20,  # points x nodes per chunk: ~25 such temporaries live
+        interpolation: Interpolation = "trilinear",
     ) -> None:
         self.model, self.grid, self.xp, self.dtype = model, grid, xp, np.dtype(dtype)
+        self.interpolation = interpolation
+        self.baseline = model.inert_coefficients() if interpolation == "residual" else None
+        self._curvature_of: Any = None  # the values array whose x curvature is cached (quadratic interpolation)
+        self._curvature: Any = None
         self.minimiser = minimiser or MinimiserSettings()
         z, w = normal_quadrature(quadrature_nodes)
         self.quad_z = xp.asarray(z, dtype=self.dtype)
         self.quad_w = xp.asarray(w, dtype=self.dtype)
         self.nodes = grid.node_arrays(xp, self.dtype)
-        self.points = tuple(xp.ascontiguousarray(c).reshape(-1) for c in grid.mesh(xp, self.dtype))
         self.chunk = max(1, chunk_entries // quadrature_nodes)
         # called after every chunk: on a CPU one sweep of a large grid takes minutes, and the job's progress
         # channel (cancellation) must hear from it every few seconds
         self.heartbeat: Callable[[], None] | None = None
+
+    @cached_property
+    def points(self) -> tuple[Any, Any, Any]:
+        """Flat coordinates of every grid point (built on first use: an operator that only evaluates Q at a
+        few states, the exact-state report's, never needs them)."""
+        return tuple(self.xp.ascontiguousarray(c).reshape(-1) for c in self.grid.mesh(self.xp, self.dtype))  # type: ignore[return-value]
+
+    def curvature(self, values: Any) -> Any | None:
+        """``d2V/dx2`` on the grid for quadratic interpolation (None otherwise), computed once per ``values``."""
+        if self.interpolation != "quadratic":
+            return None
+        if self._curvature_of is not values:
+            self._curvature = x_curvature(values, self.nodes[0], self.xp)
+            self._curvature_of = values
+        return self._curvature
 
     def q_at_points(self, values: Any, x: Any, mu: Any, sigma: Any, u: Any) -> Any:
         """Q at arbitrary states (flat arrays x, mu, sigma, u of one length), V interpolated from the grid."""
@@ -92,7 +117,15 @@ class ArrayBellman:
         y = (mu * u)[:, None] + e
         mu_next = sigma_next[:, None] * (mu[:, None] / sigma[:, None] + u[:, None] * y / se2)
         v_next = interpolate(
-            values, self.grid, self.nodes, x_next, mu_next, xp.broadcast_to(sigma_next[:, None], x_next.shape), xp
+            values,
+            self.grid,
+            self.nodes,
+            x_next,
+            mu_next,
+            xp.broadcast_to(sigma_next[:, None], x_next.shape),
+            xp,
+            self.baseline,
+            self.curvature(values),
         )
         expected = v_next @ self.quad_w
         gap = mean - m.xbar
@@ -159,6 +192,8 @@ class CudaBellman(ArrayBellman):
         params.append(m.omega * m.ubar**2)
         for axis in self.grid.axes:
             params.extend(axis.device_params())
+        params.append(1.0 if self.baseline is not None else 0.0)  # residual interpolation (V - V0) on/off
+        params.append(1.0 if self.interpolation == "quadratic" else 0.0)  # quadratic correction in x on/off
         self.params = xp.asarray(np.asarray(params, dtype=self.dtype))
         defines = kernel_defines(self.dtype)
         self._evaluate = cuda.function(_SOURCE, "dc_evaluate", defines)
@@ -186,8 +221,13 @@ class CudaBellman(ArrayBellman):
         values = xp.ascontiguousarray(values, dtype=self.dtype)
         policy = xp.ascontiguousarray(policy, dtype=self.dtype)
         out = xp.empty_like(values)
-        self._evaluate(*self._launch_shape(), (*self._common_args(), values, policy, out))
+        self._evaluate(*self._launch_shape(), (*self._common_args(), values, self._curvature_arg(values), policy, out))
         return out
+
+    def _curvature_arg(self, values: Any) -> Any:
+        """The kernels' D2 argument: the x curvature (quadratic interpolation), else V itself (never read)."""
+        curvature = self.curvature(values)
+        return values if curvature is None else self.xp.ascontiguousarray(curvature, dtype=self.dtype)
 
     def improve(self, values: Any, previous_policy: Any | None) -> tuple[Any, Any]:
         xp = self.xp
@@ -199,6 +239,7 @@ class CudaBellman(ArrayBellman):
         args = (
             *self._common_args(),
             values,
+            self._curvature_arg(values),
             previous,
             np.int32(has_previous),
             np.int32(self.minimiser.scan_points),
@@ -218,8 +259,9 @@ def make_operator(
     dtype: Any = np.float64,
     minimiser: MinimiserSettings | None = None,
     fused: bool | None = None,
+    interpolation: Interpolation = "trilinear",
 ) -> BellmanOperator:
     """The CUDA kernels on a GPU namespace (unless ``fused=False``), the array twin otherwise."""
     use_cuda = not is_numpy(xp) if fused is None else fused
     cls = CudaBellman if use_cuda else ArrayBellman
-    return cls(model, grid, quadrature_nodes, xp, dtype, minimiser)
+    return cls(model, grid, quadrature_nodes, xp, dtype, minimiser, interpolation=interpolation)

@@ -24,13 +24,14 @@ from typing import Any, Literal
 import numpy as np
 
 from kernels.backend import synchronize, to_host
-from kernels.dualcontrol.bellman import BellmanOperator, MinimiserSettings, make_operator
-from kernels.dualcontrol.grid import StateGrid, interpolate
+from kernels.dualcontrol.bellman import BellmanOperator, Interpolation, MinimiserSettings, make_operator
+from kernels.dualcontrol.grid import StateGrid, interpolate, x_curvature
 from kernels.dualcontrol.model import ModelParams, myopic_policy
 
 Policy = Literal["inert", "myopic", "optimal"]
 Criterion = Literal["macqueen_porteus", "sup_norm"]
 Checkpoint = Callable[[float, str], None]
+LevelCallback = Callable[[StateGrid, Any, Any], None]  # (level grid, converged V, policy) after each level
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class SolveSettings:
     dtype: Any = np.float64
     minimiser: MinimiserSettings = field(default_factory=MinimiserSettings)
     fused: bool | None = None  # None: CUDA kernels on a GPU namespace, array code otherwise
+    interpolation: Interpolation = "trilinear"  # or "quadratic" (in x) or "residual" (V - V0): bellman.py
 
 
 @dataclass
@@ -92,10 +94,25 @@ def policy_on_grid(policy: Policy, model: ModelParams, grid: StateGrid, xp: Any,
     raise ValueError(f"policy {policy!r} has no fixed control")
 
 
-def transfer(values: Any, coarse: StateGrid, fine: StateGrid, xp: Any, dtype: Any) -> Any:
-    """Trilinear interpolation of a coarse-grid array onto the fine grid's nodes (same cuboid)."""
+def transfer(
+    values: Any,
+    coarse: StateGrid,
+    fine: StateGrid,
+    xp: Any,
+    dtype: Any,
+    baseline: tuple[float, float, float] | None = None,
+    quadratic: bool = False,
+) -> Any:
+    """Interpolation of a coarse-grid array onto the fine grid's nodes (same cuboid), with the operator's
+    ``baseline`` or quadratic correction for a value function (see :func:`kernels.dualcontrol.grid.interpolate`)."""
     nodes = coarse.node_arrays(xp, dtype)
-    return xp.ascontiguousarray(interpolate(values, coarse, nodes, *fine.mesh(xp, dtype), xp))
+    curvature = x_curvature(values, nodes[0], xp) if quadratic else None
+    return xp.ascontiguousarray(interpolate(values, coarse, nodes, *fine.mesh(xp, dtype), xp, baseline, curvature))
+
+
+def value_baseline(model: ModelParams, interpolation: Interpolation) -> tuple[float, float, float] | None:
+    """The quadratic in x that value interpolation subtracts and adds back (None: plain trilinear)."""
+    return model.inert_coefficients() if interpolation == "residual" else None
 
 
 class _Tracker:
@@ -160,6 +177,7 @@ def solve(
     xp: Any,
     checkpoint: Checkpoint | None = None,
     checkpoint_seconds: float = 1.0,
+    on_level: LevelCallback | None = None,
 ) -> Solution:
     dtype = np.dtype(settings.dtype)
     shapes = level_shapes(grid.shape, settings.coarse_to_fine, settings.coarsest_size)
@@ -179,10 +197,19 @@ def solve(
             values = xp.zeros(shape, dtype=dtype)
             policy = None
         else:
-            values = transfer(values, previous_grid, level_grid, xp, dtype)
+            baseline = value_baseline(model, settings.interpolation)
+            quadratic = settings.interpolation == "quadratic"
+            values = transfer(values, previous_grid, level_grid, xp, dtype, baseline, quadratic)
             policy = transfer(policy, previous_grid, level_grid, xp, dtype) if policy is not None else None
         operator = make_operator(
-            model, level_grid, settings.quadrature_nodes, xp, dtype, settings.minimiser, settings.fused
+            model,
+            level_grid,
+            settings.quadrature_nodes,
+            xp,
+            dtype,
+            settings.minimiser,
+            settings.fused,
+            settings.interpolation,
         )
         if settings.policy != "optimal":
             policy = policy_on_grid(settings.policy, model, level_grid, xp, dtype)
@@ -220,6 +247,8 @@ def solve(
         synchronize(xp)
         levels.append(LevelReport(shape, iterations, sweeps, converged, time.perf_counter() - level_start))
         previous_grid = level_grid
+        if on_level is not None:
+            on_level(level_grid, values, policy)
         if checkpoint is not None:
             checkpoint(float(weights[: level_index + 1].sum()), f"{settings.policy} {'x'.join(map(str, shape))} done")
     return Solution(grid, values, policy, levels[-1].converged, levels, history)

@@ -10,6 +10,7 @@ from kernels.spec import JobParams, ResultModel, ResultPart
 
 DEFAULT_TOLERANCE = {"inert": 1e-6, "myopic": 1e-6, "optimal": 1e-4}
 MAX_GRID_POINTS = 1 << 26  # 4 x 256^3: about 0.5 GB per float64 array, a few arrays live at once
+MAX_SIMULATED_PATHS = 1 << 20  # paths x report states: a few 8 MB arrays per policy live during the simulation
 
 
 class _Section(BaseModel):
@@ -52,6 +53,18 @@ class GridSpec(_Section):
         description="node density near x = xbar and mu = 0: spacing there is 1/cosh(c) of the spacing at the "
         "farther end (0 = uniform); Sigma is always uniform",
     )
+    mu_concentration: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=10.0,
+        description="node density near mu = 0 alone (default: concentration): the value has a cusp along the "
+        "non-learning line mu = 0",
+    )
+    mu_node_at_zero: bool = Field(
+        default=True,
+        description="shift the mu nodes (by less than half a step) so that one sits exactly at mu = 0, where "
+        "nothing is learnt (when 0 lies inside the mu range)",
+    )
 
     @model_validator(mode="after")
     def _sizes(self) -> GridSpec:
@@ -80,6 +93,19 @@ class MinimizerSpec(_Section):
     golden_iterations: int = Field(default=28, ge=0, le=200, description="golden-section steps after the scan")
 
 
+class SimulationSpec(_Section):
+    """Monte Carlo of each policy's cost from every report state (common random numbers across policies)."""
+
+    paths: int = Field(default=2000, ge=2, le=1_000_000, description="simulated paths per report state")
+    horizon: int | None = Field(
+        default=None,
+        ge=1,
+        le=5000,
+        description="periods simulated before the tail delta^horizon V(S_T) (default: delta^horizon <= 1e-3)",
+    )
+    seed: int = Field(default=0, ge=0, lt=2**63, description="Philox key of the draws")
+
+
 class DualControlParams(JobParams):
     """Learning-and-experimentation dynamic programme (Morozov & Mathur 2011) on a 3-D state grid."""
 
@@ -102,6 +128,21 @@ class DualControlParams(JobParams):
     acceleration: AccelerationSpec = AccelerationSpec()
     minimizer: MinimizerSpec = MinimizerSpec()
     precision: Literal["float64", "float32"] = "float64"
+    interpolation: Literal["quadratic", "trilinear", "residual"] = Field(
+        default="quadratic",
+        description="quadratic: trilinear plus the correction -(1/2) V_xx (x - x_i)(x_{i+1} - x), V_xx the "
+        "three-point second difference in x, exact for V quadratic in x (the inert value); trilinear: V "
+        "itself; residual: V - V0 (V0 the inert closed form) plus V0, which undershoots where control pays on "
+        "coarse grids. All constant beyond the cuboid (residual: V - V0 constant). docs/dualcontrol.md",
+    )
+    error_estimate: bool = Field(
+        default=True,
+        description="also solve on the grid halved per axis and halved again (where no coarse-to-fine level "
+        "already did; about 1/7 of the cost) for the discretisation-error estimate of every reported value",
+    )
+    simulation: SimulationSpec | None = Field(
+        default=None, description="Monte Carlo of each policy's cost from the report states (off the grid)"
+    )
     report_states: list[list[float]] = Field(
         default_factory=lambda: [[1.0, 0.5, 0.5], [2.0, 0.0, 1.0], [0.0, 1.0, 0.25]],
         min_length=1,
@@ -122,6 +163,16 @@ class DualControlParams(JobParams):
                     )
         return self
 
+    @model_validator(mode="after")
+    def _simulation_size(self) -> DualControlParams:
+        if self.simulation is not None:
+            total = self.simulation.paths * len(self.report_states)
+            if total > MAX_SIMULATED_PATHS:
+                raise ValueError(
+                    f"simulation.paths * len(report_states) = {total} exceeds the limit of {MAX_SIMULATED_PATHS}"
+                )
+        return self
+
     @property
     def effective_tolerance(self) -> float:
         return self.tolerance if self.tolerance is not None else DEFAULT_TOLERANCE[self.policy]
@@ -129,10 +180,47 @@ class DualControlParams(JobParams):
 
 class StateReport(ResultPart):
     state: list[float]
-    value: float = Field(description="cost-to-go of the solved policy")
-    control: float
+    value: float = Field(
+        description="cost-to-go of the solved policy at this exact state: min over u (optimal) or the policy's "
+        "control (inert, myopic) of the one-step Bellman right-hand side, V from the grid only one step ahead"
+    )
+    control: float = Field(description="the policy's control at this exact state (optimal: the minimiser)")
+    value_error: float | None = Field(
+        default=None,
+        description="discretisation-error estimate of value (Richardson-type, from the grids halved per axis) "
+        "plus the iteration tolerance; null when no coarser grid was solved",
+    )
+    interpolated_value: float = Field(description="the grid value interpolated at the state (not the report)")
+    interpolated_control: float = Field(description="the grid policy interpolated at the state")
     myopic_value: float | None = Field(default=None, description="optimal policy only: the myopic cost-to-go")
     myopic_control: float | None = None
+    myopic_value_error: float | None = None
+    value_of_experimentation: float | None = Field(
+        default=None, description="optimal policy only: myopic minus optimal cost at this state"
+    )
+    value_of_experimentation_error: float | None = Field(
+        default=None, description="discretisation-error estimate of value_of_experimentation (as value_error)"
+    )
+
+
+class PolicyCost(ResultPart):
+    mean: float
+    standard_error: float
+
+
+class StateSimulation(ResultPart):
+    state: list[float]
+    costs: dict[str, PolicyCost] = Field(description="Monte Carlo cost of each policy (inert control variate)")
+    value_of_experimentation: PolicyCost | None = Field(
+        default=None, description="optimal policy only: myopic minus optimal cost, common random numbers"
+    )
+
+
+class SimulationReport(ResultPart):
+    paths: int
+    horizon: int
+    seed: int
+    states: list[StateSimulation]
 
 
 class LevelReport(ResultPart):
@@ -160,5 +248,9 @@ class DualControlResult(ResultModel):
     value_of_experimentation: list[float] | None = Field(
         default=None, description="optimal policy only: myopic cost minus optimal cost at each report state"
     )
+    error_grids: list[list[int]] = Field(
+        default_factory=list, description="the coarser grids whose exact-state values give the error estimates"
+    )
+    simulation: SimulationReport | None = None
     myopic_iterations: int | None = None
     artifacts: list[str]

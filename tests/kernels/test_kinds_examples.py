@@ -19,9 +19,13 @@ from kernels.result_diff import compare_leaves
 # GPU and NumPy agree to this relative difference on every leaf (float64 kernels, sums in another order).
 TOLERANCE = 1e-9
 # A residual at a converged optimum (a KKT gradient norm) is a small difference of large sums: its relative
-# error is the sums' rounding divided by the residual, so it is held to the sums' scale instead.
+# error is the sums' rounding divided by the residual, so it is held to the sums' scale instead. So are a value
+# iteration's stopping statistic and its MacQueen-Porteus bounds (dual control's history[]: the span of
+# V_new - V, ~1e-4 of V ~ 40 near convergence, and V + beta / (1 - beta) times its extremes). With the quadratic
+# interpolation GPU and NumPy differ there by up to 1.2e-8 (criterion) and 6.6e-9 (mqp_upper) relative, every
+# other leaf of the example within 2e-10 (H100, 2026-11-23).
 RESIDUAL_TOLERANCE = 1e-6
-RESIDUAL_KEYS = frozenset({"gradient_norm"})
+RESIDUAL_KEYS = frozenset({"gradient_norm", "criterion", "mqp_upper", "mqp_lower"})
 
 KIND_NAMES = sorted(registry())
 

@@ -18,9 +18,9 @@ from kernels.dualcontrol.solve import SolveSettings, solve
 MODEL = ModelParams(alpha=0.3, gamma=0.6, sigma_eps=0.8, delta=0.9, omega=0.5, xbar=1.0, ubar=0.2)
 
 
-def _wide_operator(nodes: int = 8) -> ArrayBellman:
+def _wide_operator(nodes: int = 8, interpolation: str = "trilinear") -> ArrayBellman:
     grid = make_state_grid((-40.0, 40.0, 15), (-20.0, 20.0, 13), (0.01, 2.0, 7), MODEL.xbar, 2.0)
-    return ArrayBellman(MODEL, grid, nodes, np)
+    return ArrayBellman(MODEL, grid, nodes, np, interpolation=interpolation)
 
 
 def test_expectations_of_functions_the_interpolant_reproduces_exactly() -> None:
@@ -48,9 +48,42 @@ def test_expectations_of_functions_the_interpolant_reproduces_exactly() -> None:
         np.testing.assert_allclose(q[inside], (loss + MODEL.delta * expectation)[inside], rtol=1e-11, err_msg=name)
 
 
+def test_residual_interpolation_reproduces_the_inert_quadratic_everywhere() -> None:
+    """With ``interpolation="residual"`` the interpolant of ``V0(x) + f`` (f multilinear) is exact inside the
+    cuboid, and beyond it in x the quadratic continues (only the residual is held constant): the expectation
+    is then the closed form E V0(x') = A (mean^2 + sd^2) + B mean + C even where x' leaves the grid."""
+    grid = make_state_grid((-4.0, 6.0, 9), (-3.0, 3.0, 8), (0.05, 2.0, 5), MODEL.xbar, 1.5)
+    residual = ArrayBellman(MODEL, grid, 24, np, interpolation="residual")
+    plain = ArrayBellman(MODEL, grid, 24, np, interpolation="trilinear")
+    x, mu, s = (p.reshape(grid.shape) for p in residual.points)
+    coef_a, coef_b, coef_c = MODEL.inert_coefficients()
+    u = np.random.default_rng(14).uniform(-2.0, 2.0, grid.shape)
+    mean = MODEL.alpha + mu * u + MODEL.gamma * x
+    variance = u * u * s + MODEL.sigma_eps2
+    expected_v0 = coef_a * (mean * mean + variance) + coef_b * mean + coef_c
+    loss = one_period_loss(MODEL, x, mu, s, u)
+    values = np.ascontiguousarray(inert_value(MODEL, x) + 0.0 * mu)
+    np.testing.assert_allclose(residual.q_values(values, u), loss + MODEL.delta * expected_v0, rtol=1e-12)
+    # plain trilinear overstates the quadratic between nodes and flattens it beyond the cuboid
+    assert np.abs(plain.q_values(values, u) - (loss + MODEL.delta * expected_v0)).max() > 0.1
+    # a multilinear residual on top is carried exactly where the next states stay inside (a wide cuboid)
+    wide = _wide_operator(interpolation="residual")
+    x, mu, s = (p.reshape(wide.grid.shape) for p in wide.points)
+    u = np.random.default_rng(15).uniform(-1.0, 1.0, wide.grid.shape)
+    inside = (np.abs(x) <= 10.0) & (np.abs(mu) <= 5.0) & (s >= 0.5)
+    mean = MODEL.alpha + mu * u + MODEL.gamma * x
+    expected_v0 = coef_a * (mean * mean + u * u * s + MODEL.sigma_eps2) + coef_b * mean + coef_c
+    sigma_next = 1.0 / (1.0 / s + u * u / MODEL.sigma_eps2)
+    values = np.ascontiguousarray(inert_value(MODEL, x) + 0.3 * x * mu - 0.2 * s)
+    reference = one_period_loss(MODEL, x, mu, s, u) + MODEL.delta * (
+        expected_v0 + 0.3 * (mean * mu + u * s) - 0.2 * sigma_next
+    )
+    np.testing.assert_allclose(wide.q_values(values, u)[inside], reference[inside], rtol=1e-11)
+
+
 def test_q_values_match_a_pointwise_reference_on_random_values() -> None:
     grid = make_state_grid((-5.0, 7.0, 11), (-3.0, 3.0, 9), (0.05, 2.0, 8), MODEL.xbar, 1.5)
-    op = ArrayBellman(MODEL, grid, 12, np)
+    op = ArrayBellman(MODEL, grid, 12, np, interpolation="trilinear")
     rng = np.random.default_rng(12)
     values = rng.uniform(10.0, 20.0, grid.shape)
     u = rng.normal(0.0, 1.5, grid.shape)
@@ -89,9 +122,19 @@ def test_with_no_future_the_minimiser_returns_the_myopic_policy() -> None:
 
 
 def test_minimiser_matches_a_dense_scan_where_the_objective_is_convex() -> None:
+    """Trilinear interpolation: a convex V gives convex kinks, so Q is convex in u at many states. (The residual
+    interpolant of the concave V - V0 has small concave kinks everywhere; the scan and the safeguard are what
+    guard against those.)"""
     grid = make_state_grid((-6.0, 8.0, 12), (-3.0, 3.0, 12), (0.05, 2.0, 8), MODEL.xbar, 1.5)
-    values = solve(MODEL, grid, SolveSettings("myopic", 1e-6, quadrature_nodes=10), np).value
-    op = ArrayBellman(MODEL, grid, 10, np, minimiser=MinimiserSettings(scan_points=8, golden_iterations=40))
+    values = solve(MODEL, grid, SolveSettings("myopic", 1e-6, quadrature_nodes=10, interpolation="trilinear"), np).value
+    op = ArrayBellman(
+        MODEL,
+        grid,
+        10,
+        np,
+        minimiser=MinimiserSettings(scan_points=8, golden_iterations=40),
+        interpolation="trilinear",
+    )
     best_q, best_u = op.improve(values, None)
     x, mu, s = grid.mesh(np)
     lo, hi = inert_bounds(MODEL, x, mu, s, np.maximum(inert_value(MODEL, x), values), np)

@@ -17,21 +17,28 @@ MODEL = ModelParams(alpha=0.3, gamma=0.6, sigma_eps=0.8, delta=0.9, omega=0.5, x
 GRID = make_state_grid((-5.0, 7.0, 17), (-3.0, 3.0, 14), (0.05, 2.0, 11), MODEL.xbar, 1.5)
 
 
-def _pair(nodes: int = 16, minimiser: MinimiserSettings | None = None):
+def _pair(nodes: int = 16, minimiser: MinimiserSettings | None = None, interpolation: str = "trilinear"):
     cp = get_namespace("gpu")
     return (
         cp,
-        ArrayBellman(MODEL, GRID, nodes, np, minimiser=minimiser),
-        CudaBellman(MODEL, GRID, nodes, cp, minimiser=minimiser),
+        ArrayBellman(MODEL, GRID, nodes, np, minimiser=minimiser, interpolation=interpolation),  # type: ignore[arg-type]
+        CudaBellman(MODEL, GRID, nodes, cp, minimiser=minimiser, interpolation=interpolation),  # type: ignore[arg-type]
     )
+
+
+def test_grid_has_the_node_at_mu_zero_the_kernel_locates() -> None:
+    """The mu axis (14 nodes, symmetric) is shifted so that a node sits at 0; the kernel reads the shifted
+    z_lo, so V at mu' = 0 exactly is that node's value on both paths (checked through the sweeps below)."""
+    assert 0.0 in GRID.mu.nodes() and GRID.mu.anchor == 0.0
 
 
 def _fresh_rng() -> np.random.Generator:
     return np.random.default_rng()  # fresh inputs each run; a failure prints the values it saw
 
 
-def test_policy_sweep_kernel_equals_numpy_on_random_values_and_controls() -> None:
-    cp, ref, gpu = _pair()
+@pytest.mark.parametrize("interpolation", ["trilinear", "quadratic", "residual"])
+def test_policy_sweep_kernel_equals_numpy_on_random_values_and_controls(interpolation: str) -> None:
+    cp, ref, gpu = _pair(interpolation=interpolation)
     rng = _fresh_rng()
     values = rng.uniform(5.0, 50.0, GRID.shape)
     controls = rng.normal(0.0, 2.0, GRID.shape)  # wide: many nodes fall beyond the cuboid
@@ -40,10 +47,11 @@ def test_policy_sweep_kernel_equals_numpy_on_random_values_and_controls() -> Non
     np.testing.assert_allclose(got, expected, rtol=1e-10)
 
 
-def test_improvement_kernel_equals_numpy_on_a_smooth_random_value_function() -> None:
+@pytest.mark.parametrize("interpolation", ["trilinear", "quadratic", "residual"])
+def test_improvement_kernel_equals_numpy_on_a_smooth_random_value_function(interpolation: str) -> None:
     """A smooth V (a random quadratic-plus-sine surface) so that the golden-section path does not hinge on
     rounding-level ties between the two implementations' objective values."""
-    cp, ref, gpu = _pair(minimiser=MinimiserSettings(scan_points=8, golden_iterations=30))
+    cp, ref, gpu = _pair(minimiser=MinimiserSettings(scan_points=8, golden_iterations=30), interpolation=interpolation)
     rng = _fresh_rng()
     x, mu, s = GRID.mesh(np)
     c = rng.uniform(0.2, 1.0, 6)
@@ -61,11 +69,26 @@ def test_improvement_kernel_equals_numpy_on_a_smooth_random_value_function() -> 
     assert np.abs(u_gpu - u_ref).max() < 1e-4
 
 
-@pytest.mark.parametrize("policy", ["inert", "myopic", "optimal"])
-def test_full_solve_on_gpu_equals_numpy(policy: str) -> None:
+@pytest.mark.parametrize(
+    ("policy", "interpolation"),
+    [
+        ("inert", "trilinear"),
+        ("myopic", "trilinear"),
+        ("optimal", "trilinear"),
+        ("myopic", "residual"),
+        ("optimal", "quadratic"),
+    ],
+)
+def test_full_solve_on_gpu_equals_numpy(policy: str, interpolation: str) -> None:
     cp = get_namespace("gpu")
     settings = SolveSettings(
-        policy, 1e-6, quadrature_nodes=12, evaluation_sweeps=10, coarse_to_fine=True, coarsest_size=8
+        policy,  # type: ignore[arg-type]
+        1e-6,
+        quadrature_nodes=12,
+        evaluation_sweeps=10,
+        coarse_to_fine=True,
+        coarsest_size=8,
+        interpolation=interpolation,  # type: ignore[arg-type]
     )
     cpu = solve(MODEL, GRID, settings, np)
     gpu = solve(MODEL, GRID, settings, cp)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.interpolate import RegularGridInterpolator
 
-from kernels.dualcontrol.grid import interpolate, locate, make_axis, make_state_grid
+from kernels.dualcontrol.grid import interpolate, locate, make_axis, make_state_grid, x_curvature
 
 
 @pytest.mark.parametrize("concentration", [0.0, 1.0, 3.0])
@@ -64,3 +64,23 @@ def test_interpolation_matches_scipy_inside_and_is_constant_beyond() -> None:
     clamped = np.column_stack([np.clip(p[:, i], nodes[i][0], nodes[i][-1]) for i in range(3)])
     got = interpolate(values, grid, nodes, p[:, 0], p[:, 1], p[:, 2], np)
     np.testing.assert_allclose(got, reference(clamped), rtol=1e-12, atol=1e-12)
+
+
+def test_quadratic_correction_reproduces_a_quadratic_in_x_exactly() -> None:
+    """``interpolate(..., curvature=x_curvature(V))``: exact for V quadratic in x times multilinear in (mu,
+    Sigma), on a concentrated (non-uniform) x axis; plain trilinear overstates such a V between x nodes."""
+    grid = _grid()
+    x, mu, s = grid.mesh(np)
+
+    def f(x, mu, s):
+        return (1.0 + 0.3 * mu - 0.2 * s + 0.1 * mu * s) * (2.0 * x * x - x + 3.0) + mu * s
+
+    values = np.ascontiguousarray(f(x, mu, s))
+    curvature = x_curvature(values, grid.x.nodes(), np)
+    np.testing.assert_allclose(curvature[1:-1], 4.0 * (1.0 + 0.3 * mu - 0.2 * s + 0.1 * mu * s)[1:-1], rtol=1e-10)
+    rng = np.random.default_rng(4)
+    p = rng.uniform(-4, 6, 800), rng.uniform(-2, 3, 800), rng.uniform(0.05, 2.0, 800)
+    nodes = grid.node_arrays(np)
+    got = interpolate(values, grid, nodes, *p, np, None, curvature)
+    np.testing.assert_allclose(got, f(*p), rtol=1e-12, atol=1e-11)
+    assert np.abs(interpolate(values, grid, nodes, *p, np) - f(*p)).max() > 0.1

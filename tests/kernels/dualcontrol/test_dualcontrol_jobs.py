@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from kernels.context import local_context, run_kind
 from kernels.dualcontrol.grid import make_state_grid
 from kernels.dualcontrol.jobs import KINDS
-from kernels.dualcontrol.model import ModelParams
+from kernels.dualcontrol.model import ModelParams, inert_value
 from kernels.dualcontrol.solve import SolveSettings, solve
 from kernels.dualcontrol.spec import DualControlParams, DualControlResult
 from kernels.progress import JobCancelled, LocalProgress
@@ -72,6 +72,10 @@ def test_example_runs_every_gpu_path() -> None:
         ({"report_states": [[1.0, 2.0]]}, "report_states"),
         ({"acceleration": {"evaluation_sweeps": -1}}, "evaluation_sweeps"),
         ({"precision": "float16"}, "precision"),
+        ({"interpolation": "cubic"}, "interpolation"),
+        ({"simulation": {"paths": 1}}, "paths"),
+        ({"simulation": {"paths": 10, "horizon": 0}}, "horizon"),
+        ({"grid": {**SMALL_GRID, "mu_concentration": -1.0}}, "mu_concentration"),
         ({"grid_size": 3}, "grid_size"),
     ],
 )
@@ -84,6 +88,11 @@ def test_spec_bounds_the_total_grid_size() -> None:
     big = {"size": 512, "min": 0.1, "max": 1.0}
     with pytest.raises(ValidationError, match="exceeds the limit"):
         _params(grid={"x": big, "mu": big, "sigma": big})
+
+
+def test_spec_bounds_the_simulated_paths() -> None:
+    with pytest.raises(ValidationError, match=r"simulation\.paths \* len"):
+        _params(simulation={"paths": 600_000})  # two report states: 1.2 M paths
 
 
 def test_default_tolerance_depends_on_the_policy() -> None:
@@ -111,13 +120,18 @@ def test_optimal_job_reports_all_result_names_and_artifacts() -> None:
 
 
 def test_inert_job_value_at_a_node_equals_the_artifact() -> None:
+    """At a node the interpolated value is the artifact's; the reported value is one exact Bellman step from
+    it (equal up to the iteration tolerance), and with residual interpolation both are the inert closed form."""
     progress = LocalProgress()
-    grid = {**SMALL_GRID, "concentration": 0.0}
+    grid = {**SMALL_GRID, "concentration": 0.0, "mu_node_at_zero": False}
     state = [-5.0 + 12.0 / 9 * 4, -3.0 + 6.0 / 8 * 2, 0.05 + 1.95 / 7 * 3]  # node (4, 2, 3) of a uniform grid
-    result = _run(_params(policy="inert", grid=grid, report_states=[state]), progress)
-    assert result["value_of_experimentation"] is None and result["states"][0]["myopic_value"] is None
-    assert result["states"][0]["value"] == pytest.approx(progress.artifacts["value"][4, 2, 3], rel=1e-12)
-    assert result["states"][0]["control"] == 0.0
+    result = _run(_params(policy="inert", grid=grid, report_states=[state], interpolation="residual"), progress)
+    report = result["states"][0]
+    assert result["value_of_experimentation"] is None and report["myopic_value"] is None
+    assert report["interpolated_value"] == pytest.approx(progress.artifacts["value"][4, 2, 3], rel=1e-12)
+    assert report["value"] == pytest.approx(report["interpolated_value"], rel=2e-6)
+    assert report["value"] == pytest.approx(inert_value(ModelParams(0.0, 0.7, 1.0, 0.95, 1.0, 1.0, 0.0), state[0]))
+    assert report["control"] == 0.0 and report["interpolated_control"] == 0.0
 
 
 def test_float32_precision_agrees_with_float64() -> None:

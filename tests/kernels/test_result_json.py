@@ -21,7 +21,7 @@ class _Result(ResultModel):
     unbounded: list[float]
 
 
-def _run(params: _Params, ctx) -> _Result:  # noqa: ANN001 - the runner signature of every kind
+def _run(params: _Params, ctx) -> _Result:
     return _Result(finite=params.value, undefined=math.nan, unbounded=[math.inf, -math.inf, 2.0])
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -14,6 +16,12 @@ class JobParams(BaseModel):
     # allow_inf_nan=False: JSON bodies may carry NaN, Infinity or 1e400 (Python's parser reads them as
     # floats); no parameter means anything with them.
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
+
+    def dataset_column_problems(self, columns: Mapping[str, Collection[str]]) -> list[tuple[str, str]]:
+        """(params field, message) for each column these params name that their datasets lack. ``columns``:
+        dataset field -> the stored dataset's column names (the API checks at submission). A kind whose params
+        name columns overrides this; by default there is nothing to check."""
+        return []
 
 
 class ResultPart(BaseModel):

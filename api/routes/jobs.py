@@ -25,6 +25,7 @@ from api.schemas import ArtifactOut, JobOut, JobPage, job_request_union, job_res
 from core.queue import send
 from core.status import JobStatus
 from kernels.registry import get_kind, registry, result_models
+from kernels.spec import JobParams
 from store import jobs as job_store
 from store.artifacts import ARTIFACT_NAME_CHARS, job_artifact_dir
 from store.datasets import get_dataset
@@ -84,6 +85,27 @@ def check_datasets(session: Session, owner: str, dataset_ids: Mapping[str, str])
         for field, dataset_id in dataset_ids.items()
         # An id PostgreSQL cannot even compare (a NUL character) names no dataset either.
         if not storable_text(dataset_id) or get_dataset(session, dataset_id, owner) is None
+    ]
+    if errors:
+        raise ProblemError(
+            422, "; ".join(f"{error['field']}: {error['message']}" for error in errors),
+            slug="validation-error", title="Invalid request", errors=errors,
+        )
+
+
+def check_dataset_columns(session: Session, owner: str, params: JobParams, dataset_ids: Mapping[str, str]) -> None:
+    """The columns the params name (``JobParams.dataset_column_problems``, e.g. crve_bootstrap's formula and
+    cluster columns) are checked against the stored schema of the (already verified) datasets."""
+    if not dataset_ids:
+        return
+    columns = {}
+    for field, dataset_id in dataset_ids.items():
+        dataset = get_dataset(session, dataset_id, owner)
+        if dataset is not None:
+            columns[field] = [str(column.get("name")) for column in dataset.columns or [] if isinstance(column, dict)]
+    errors = [
+        field_error(f"params.{field}", message, type_="dataset_column")
+        for field, message in params.dataset_column_problems(columns)
     ]
     if errors:
         raise ProblemError(
@@ -160,6 +182,7 @@ def create_job(
     check_finite(params)
     dataset_ids = kind.dataset_ids(params)
     check_datasets(session, owner, dataset_ids)
+    check_dataset_columns(session, owner, params, dataset_ids)
     stored_params = params.model_dump(mode="json")
     job, created = job_store.create_job(
         session, owner=owner, kind=kind.name, params=stored_params, dataset_ids=dataset_ids,

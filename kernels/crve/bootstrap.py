@@ -25,11 +25,12 @@ per draw.
 p-values (full enumeration of the 2^H Rademacher sign vectors when 2^H < B), their tie rule and the
 confidence interval by test inversion: :mod:`kernels.crve.inference`.
 
-Small-sample factor with an absorbed fixed effect of F levels (fixest's default ``ssc(fixef.K = "nested")``):
-G/(G-1) (N-1)/(N-k) with k = the regressors plus F when the fixed effect crosses the variance clusters (as
-OLS on explicit dummies counts them, e.g. statsmodels), the regressors alone when every level lies within
-one variance cluster (nested: fixest does not count them). The nested case's SE is therefore the dummy
-regression's SE times sqrt((N - k_x - F) / (N - k_x)), k_x the regressors.
+Small-sample factor with an absorbed fixed effect of F levels (fixest's default ``ssc(fixef.K = "nested")``,
+renamed ``K.fixef = "nonnested"`` in fixest 0.13): G/(G-1) (N-1)/(N-k) with k = the regressors plus F when the
+fixed effect crosses the variance clusters (as OLS on explicit dummies counts them, e.g. statsmodels), the
+regressors plus 1 when every level lies within one variance cluster (nested: fixest drops the levels but keeps
+one parameter for the constant they absorbed; pyfixest does the same). The nested case's SE is therefore the
+dummy regression's SE times sqrt((N - k_x - F) / (N - k_x - 1)), k_x the regressors.
 
 The stages (each a function below, timed as a stage): reduce the rows to pair statistics, estimate on the
 host, apply the bootstrap operator to blocks of draws, infer. Facts and conventions: docs/crve.md.
@@ -54,6 +55,11 @@ from kernels.crve.weights import draw_weights, enumerated_weights, use_enumerati
 from kernels.timing import StageTimer
 
 Report = Callable[[float, str], None]
+
+# Parameters a fixed effect nested in the variance clusters adds to the small-sample factor's k: fixest drops
+# its levels but keeps one for the constant they absorbed (R/VCOV.R, "All FEs are removed, we add 1 for the
+# intercept"; lrberge/fixest#116). docs/crve.md, "CRV1 and the small-sample factor".
+NESTED_FE_PARAMS = 1
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,7 @@ class _ReducedRows:
     pair_h: np.ndarray  # (P,) each pair's bootstrap cluster
     h_count: int
     fe_nested: bool | None
-    n_fe_params: int  # the fixed effect's levels counted in the small-sample factor's k
+    n_fe_params: int  # what the fixed effect adds to the small-sample factor's k: F, or 1 when nested
     fe_counts: np.ndarray | None  # (F,) rows per level
     fe_cells: _FeCells | None  # only for a fixed effect crossing the variance clusters
 
@@ -175,7 +181,7 @@ def _reduce_rows(xp: ModuleType, data: BootstrapData) -> _ReducedRows:
         x, fe_counts = demean(xp, x, data.fe, data.n_fe)
         y, _ = demean(xp, y, data.fe, data.n_fe)
         fe_nested = _is_nested(xp, data.fe, data.cluster, data.n_fe)
-        n_fe_params = 0 if fe_nested else data.n_fe
+        n_fe_params = NESTED_FE_PARAMS if fe_nested else data.n_fe
     h_count, pair_codes, pair_count, pair_g, pair_h = _pairs(xp, data)
     if h_count < 2:
         raise ValueError("bootcluster: the bootstrap cluster column has a single cluster; at least 2 are needed")

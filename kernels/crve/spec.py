@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from kernels.crve.formula import column_problems, parse_formula
 from kernels.spec import JobParams, ResultModel, ResultPart
 
 DEFAULT_SEED = 20_190_101
@@ -190,10 +192,11 @@ class BootstrapParams(JobParams):
     for ">" and [null, upper] for "<" (null: unbounded). A one-sided set at sign_level above about 1/2 lies
     beyond the estimate. A confidence set that is empty (too few distinct draws for the level) fails the job.
 
-    ``ssc``: G/(G-1) (N-1)/(N-k) on t and t*; with an absorbed fixed effect k counts its levels only when it
-    is not nested in the variance clusters (fixest's default fixef.K = "nested"): a crossing fixed effect
-    gives the SE of OLS with explicit dummies (statsmodels' cluster-robust SE), a nested one that SE times
-    sqrt((N - k_x - F) / (N - k_x)), k_x the regressors and F the levels.
+    ``ssc``: G/(G-1) (N-1)/(N-k) on t and t*; with an absorbed fixed effect of F levels k is the regressors
+    k_x plus F when it crosses the variance clusters, plus 1 when it is nested in them (fixest's default
+    fixef.K = "nested", K.fixef = "nonnested" since fixest 0.13, and pyfixest's: the nested levels are not
+    counted but the constant they absorbed is): a crossing fixed effect gives the SE of OLS with explicit
+    dummies (statsmodels' cluster-robust SE), a nested one that SE times sqrt((N - k_x - F) / (N - k_x - 1)).
     """
 
     dataset_id: str | None = Field(default=None, max_length=200, description="an uploaded dataset")
@@ -214,15 +217,31 @@ class BootstrapParams(JobParams):
     ssc: bool = Field(
         default=True,
         description="small-sample factor G/(G-1)(N-1)/(N-k) on t and t*; k: regressors plus the absorbed fixed "
-        "effect's levels unless nested in the clusters (fixest's fixef.K = 'nested')",
+        "effect's levels, or plus 1 when it is nested in the clusters (fixest's fixef.K = 'nested')",
     )
     seed: int = Field(default=DEFAULT_SEED, ge=0, le=2**63 - 1, description="Philox key of the weights")
+
+    @field_validator("formula")
+    @classmethod
+    def _parses(cls, formula: str) -> str:
+        try:
+            parse_formula(formula)  # no data needed: a typo is a 422 on params.formula at submission
+        except ValueError as error:
+            raise ValueError(str(error).removeprefix("formula: ")) from None
+        return formula
 
     @model_validator(mode="after")
     def _one_data_source(self) -> BootstrapParams:
         if (self.dataset_id is None) == (self.synthetic is None):
             raise ValueError("give exactly one of dataset_id and synthetic")
         return self
+
+    def dataset_column_problems(self, columns: Mapping[str, Collection[str]]) -> list[tuple[str, str]]:
+        """(params field, message) for each column the job names that the uploaded dataset lacks; ``columns``:
+        dataset field -> its column names (the API passes a stored dataset's schema at submission)."""
+        if self.dataset_id is None or "dataset_id" not in columns:
+            return []
+        return column_problems(self.formula, self.cluster, self.bootcluster, columns["dataset_id"])
 
 
 class CoefficientRow(ResultPart):
@@ -263,7 +282,7 @@ class BootstrapResult(ResultModel):
     n_boot_clusters: int
     n_params_ssc: int = Field(
         description="k in (N-1)/(N-k): the regressors, plus the fixed effect's levels when they cross the variance "
-        "clusters (not when nested in them, as fixest's fixef.K = 'nested')"
+        "clusters, plus 1 (the constant) when they are nested in them (fixest's fixef.K = 'nested', pyfixest)"
     )
     fixed_effect: dict[str, Any] | None
     coefficients: list[CoefficientRow]

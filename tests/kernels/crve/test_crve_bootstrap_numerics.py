@@ -168,7 +168,7 @@ def test_fast_algorithm_equals_brute_force_bootstrap(weights_type, impose_null, 
     )
     np.testing.assert_allclose(ours.t_boot, brute, rtol=1e-9, atol=1e-12)  # t* = 0 draws: rounding
     if fe_kind == "nested":
-        assert ours.fe_nested and ours.n_params_ssc == x.shape[1]
+        assert ours.fe_nested and ours.n_params_ssc == x.shape[1] + 1  # fixest: the absorbed constant counts
     if fe_kind == "crossing":
         assert not ours.fe_nested and ours.n_params_ssc == x.shape[1] + n_fe
 
@@ -384,9 +384,9 @@ def test_fixed_effect_small_sample_convention_against_statsmodels_dummies(nested
     k_x = x.shape[1]
     np.testing.assert_allclose(ours.coefficients, fit.params[:k_x], rtol=1e-10)
     assert ours.fe_nested == nested
-    if nested:  # fixest's fixef.K = "nested": the levels nested in the clusters are not counted
-        assert ours.n_params_ssc == k_x
-        expected = fit.bse[:k_x] * np.sqrt((n_obs - k_x - n_fe) / (n_obs - k_x))
+    if nested:  # fixest's fixef.K = "nested": the nested levels are not counted, the constant they absorb is
+        assert ours.n_params_ssc == k_x + 1
+        expected = fit.bse[:k_x] * np.sqrt((n_obs - k_x - n_fe) / (n_obs - k_x - 1))
         assert not np.allclose(expected, fit.bse[:k_x], rtol=1e-3)  # the conventions differ measurably here
     else:
         assert ours.n_params_ssc == k_x + n_fe

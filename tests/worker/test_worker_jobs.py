@@ -232,8 +232,13 @@ def test_worker_killed_mid_job_is_recovered_exactly_once(stack_env: dict[str, st
     assert job.status == "succeeded", second.output()[-3000:]
     assert job.attempts == 2 and job.worker != "lost"
     assert comparable(job.result) == expected
-    finished_lines = [line for line in second.output().splitlines() if "job finished" in line and job_id in line]
-    assert len(finished_lines) == 1, finished_lines
+
+    def finished_lines() -> list[str]:
+        return [line for line in second.output().splitlines() if "job finished" in line and job_id in line]
+
+    # the worker logs the line just after its commit, so the status can be read before the line is out
+    wait_for(lambda: len(finished_lines()) > 0, 10, "the worker's 'job finished' line")
+    assert len(finished_lines()) == 1, finished_lines()
 
 
 @pytest.mark.slow

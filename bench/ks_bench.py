@@ -4,6 +4,8 @@
     python bench/ks_bench.py panel --n-agents 10000 --periods 1000 --no-graph   # the plain per-period loop
     python bench/ks_bench.py solve --k-size 500 --K-size 50 --n-agents 10000000
     python bench/ks_bench.py solve --k-size 500 --K-size 50 --n-agents 10000000 --alm-update anderson
+    python bench/ks_bench.py solve --k-size 500 --K-size 50 --n-agents 10000000 --coarse-agents 100000 \\
+        --alm-update newton
     python bench/ks_bench.py solve --no-graph --check-every 1   # before: plain panel loop, read-back every step
     GPUEST_DEVICE=cpu python bench/ks_bench.py solve --n-agents 10000          # the NumPy path
     python bench/ks_bench.py rounding --interpolation catmull_rom --seed 2   # ulp sensitivity (NumPy, ~2 min)
@@ -102,6 +104,7 @@ def bench_solve(args: argparse.Namespace) -> dict:
             "graph": solution.panel_graph, "check_every": args.check_every, "policy_method": args.policy_method,
             "alm_update": args.alm_update, "mean_K": float(np.mean(solution.capital_path[args.burn_in:])),
             "coarse_agents": args.coarse_agents, "coarse_iterations": solution.coarse_iterations,
+            "jacobian_simulations": solution.jacobian_simulations,
             "damping": args.damping, "coarse_first_step": args.coarse_first_step,
             "timings": ctx.timer.as_dict(), "iterations": solution.iterations, "converged": solution.converged,
             "policy_iterations_total": int(sum(solution.policy_iterations)),
@@ -256,7 +259,9 @@ def main() -> None:
                         help="GPU: replay the panel's period loop as captured CUDA graphs (--no-graph: the plain "
                         "per-period launches)")
     parser.add_argument("--policy-method", choices=["time_iteration", "egm"], default="time_iteration")
-    parser.add_argument("--alm-update", choices=["damped", "anderson"], default="damped")
+    parser.add_argument("--alm-update", choices=["damped", "anderson", "newton"], default="damped",
+                        help="newton: quasi-Newton steps on the full panel with the coarse stage's Jacobian "
+                        "(needs --coarse-agents)")
     parser.add_argument("--coarse-agents", type=int, default=0, help="solve on this many agents first (0: off)")
     parser.add_argument("--damping", type=float, default=SolveSettings().damping)
     parser.add_argument("--coarse-first-step", type=float, default=None,

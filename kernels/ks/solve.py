@@ -89,6 +89,8 @@ class Solution:
     final_distribution: np.ndarray | None = None  # histogram mode: the final (2, J) conditional distributions
     final_employed: Any = None
     coarse_iterations: int = 0  # outer iterations on the coarse panel (SolveSettings.coarse_agents)
+    alm_jacobian: np.ndarray | None = None  # estimate_jacobian: dF/dB at the last evaluated ALM (finite differences)
+    jacobian_simulations: int = 0  # panel simulations spent on alm_jacobian (this panel's or the coarse stage's)
     warnings: list[str] = field(default_factory=list)  # what a user must know about a returned solution
 
 
@@ -218,14 +220,107 @@ class AndersonUpdate:
         return alm + step
 
 
-def alm_updater(settings: SolveSettings, near: bool = False) -> DampedUpdate | AndersonUpdate:
+class NewtonUpdate:
+    """Quasi-Newton steps on the residual R(B) = F(B) - B of the fixed point B = F(B), F = simulate-and-regress.
+
+    ``jacobian`` estimates dF/dB (4 x 4; in the staged solve the coarse panel's, by finite differences: see
+    :func:`alm_jacobian`); the step is B <- B - (J - I)^-1 R(B). Between steps, (J - I) takes the Broyden
+    ("good") rank-one update from the secant pair (B_k - B_{k-1}, R_k - R_{k-1}), so it learns the full panel's
+    map. A step after which ||R|| did not fall (the map is not as linear as J says) is followed by the damped
+    step B + damping R instead; after ``max_failures`` such steps only damped steps are taken (MMV's update,
+    which converges where the map contracts). A Newton step longer than ``max_growth`` ||R|| (J - I nearly
+    singular) is replaced by the damped step too. ``restart`` (the map changed) forgets the secant history.
+    """
+
+    def __init__(self, jacobian: np.ndarray, damping: float, max_failures: int = 3, max_growth: float = 1e4) -> None:
+        jacobian = np.asarray(jacobian, dtype=np.float64)
+        if jacobian.shape != (4, 4) or not np.all(np.isfinite(jacobian)):
+            raise ValueError(f"the ALM Jacobian must be a finite 4 x 4 matrix, not shape {jacobian.shape}")
+        self.residual_jacobian = jacobian - np.eye(4)  # d(F(B) - B)/dB
+        self.damping, self.max_failures, self.max_growth = damping, max_failures, max_growth
+        self.previous: tuple[np.ndarray, np.ndarray] | None = None
+        self.failures = 0
+        self.last_step = "none"  # "newton" or "damped": what the last call returned (tests, history)
+
+    def restart(self) -> None:
+        self.previous = None
+
+    def __call__(self, alm: np.ndarray, alm_new: np.ndarray) -> np.ndarray:
+        residual = alm_new - alm
+        reduced = True
+        if self.previous is not None:
+            last_alm, last_residual = self.previous
+            self._broyden(alm - last_alm, residual - last_residual)
+            reduced = bool(np.linalg.norm(residual) < np.linalg.norm(last_residual))
+        self.previous = (alm.copy(), residual.copy())
+        damped = alm + self.damping * residual
+        if not reduced:
+            self.failures += 1
+        if not reduced or self.failures >= self.max_failures:
+            self.last_step = "damped"
+            return damped
+        try:
+            step = -np.linalg.solve(self.residual_jacobian, residual)
+        except np.linalg.LinAlgError:
+            step = np.full(4, np.nan)
+        if not np.all(np.isfinite(step)) or np.linalg.norm(step) > self.max_growth * np.linalg.norm(residual):
+            self.last_step = "damped"
+            return damped
+        self.last_step = "newton"
+        return alm + step
+
+    def _broyden(self, d_alm: np.ndarray, d_residual: np.ndarray) -> None:
+        size = float(d_alm @ d_alm)
+        if size > 0.0:
+            self.residual_jacobian = self.residual_jacobian + np.outer(
+                d_residual - self.residual_jacobian @ d_alm, d_alm) / size
+
+
+ALM_UPDATES = ("damped", "anderson", "newton")
+
+
+def alm_updater(settings: SolveSettings, near: bool = False,
+                jacobian: np.ndarray | None = None) -> DampedUpdate | AndersonUpdate | NewtonUpdate:
     """The ALM update; ``near``: the start is already close (after the coarse stage), so Anderson's first step
-    takes B_new whole (settings.coarse_first_step) instead of the damped step."""
+    takes B_new whole (settings.coarse_first_step) instead of the damped step. "newton" needs ``jacobian``
+    (the coarse stage's estimate of dF/dB)."""
     if settings.alm_update == "anderson":
         return AndersonUpdate(settings.damping, first_step=settings.coarse_first_step if near else None)
+    if settings.alm_update == "newton":
+        if jacobian is None:
+            raise ValueError("alm_update 'newton' takes its Jacobian from the coarse stage: set coarse_agents "
+                             "(> 0 and < n_agents)")
+        return NewtonUpdate(jacobian, settings.damping)
     if settings.alm_update != "damped":
-        raise ValueError(f"alm_update must be 'damped' or 'anderson', not {settings.alm_update!r}")
+        raise ValueError(f"alm_update must be one of {', '.join(ALM_UPDATES)}, not {settings.alm_update!r}")
     return DampedUpdate(settings.damping)
+
+
+# forecast change (in ln K') of each finite-difference perturbation of the ALM: small enough that F is linear
+# over it (it moves the ALM's implied steady state by ~0.3 %), large against the policy tolerance's noise in F
+JACOBIAN_STEP = 1e-4
+
+
+def jacobian_directions(capital_path: np.ndarray, burn_in: int, step: float = JACOBIAN_STEP) -> np.ndarray:
+    """(4, 4) columns: the ALM perturbations of the finite differences. Per state a shift (intercept + step) and
+    a tilt about the mean of ln K (slope + step / sd, intercept - step mean / sd): intercept and slope alone are
+    nearly collinear (ln K varies by ~1 % about ~3.7), so a slope step would move the forecast 3.7 / sd times
+    more than an intercept step; these two move it by ``step`` at the mean and at one sd from it."""
+    log_k = np.log(np.asarray(capital_path[burn_in:], dtype=np.float64))
+    mean, sd = float(log_k.mean()), max(float(log_k.std()), 1e-6)
+    directions = np.zeros((4, 4))
+    for state in (0, 1):
+        directions[2 * state, 2 * state] = step
+        directions[2 * state: 2 * state + 2, 2 * state + 1] = (-step * mean / sd, step / sd)
+    return directions
+
+
+def alm_jacobian(evaluate: Callable[[np.ndarray], np.ndarray], alm: np.ndarray, alm_new: np.ndarray,
+                 directions: np.ndarray) -> np.ndarray:
+    """dF/dB at ``alm`` by forward differences along ``directions`` (columns), F(alm) = ``alm_new`` given:
+    J = [F(alm + d_j) - F(alm)]_j D^-1."""
+    differences = np.stack([evaluate(alm + directions[:, j]) - alm_new for j in range(directions.shape[1])], axis=1)
+    return differences @ np.linalg.inv(directions)
 
 
 def histogram_top(grids: Grids) -> float:
@@ -314,7 +409,10 @@ def solve(
     initial_k: np.ndarray | None = None,
     initial_employed: np.ndarray | None = None,
     use_kernels: bool | None = None,
+    estimate_jacobian: bool = False,
 ) -> Solution:
+    """The KS solve; ``estimate_jacobian``: also estimate dF/dB of the final (fixed-start) map by finite
+    differences (:func:`alm_jacobian`, 4 more policy solves and simulations), for the "newton" update's full panel."""
     validate_calibration(cal)
     timer = timer or StageTimer(xp)
     report = report or (lambda fraction, stage: None)
@@ -327,14 +425,22 @@ def solve(
         raise ValueError(f"alm_simulation must be 'panel' or 'histogram', not {settings.alm_simulation!r}")
     if histogram and settings.coarse_agents:
         raise ValueError("coarse_agents stages the panel: it has no meaning with alm_simulation 'histogram'")
+    if settings.alm_update not in ALM_UPDATES:
+        raise ValueError(f"alm_update must be one of {', '.join(ALM_UPDATES)}, not {settings.alm_update!r}")
+    newton = settings.alm_update == "newton"
+    if newton and not 0 < settings.coarse_agents < settings.n_agents:
+        alm_updater(settings)  # raises: Newton's Jacobian comes from the coarse stage
     coarse = None
     if 0 < settings.coarse_agents < settings.n_agents:
         # the same solve on a small panel finds the ALM and an ergodic distribution cheaply; the full panel then
-        # only refines the ALM (its start held fixed, so every full iteration evaluates one map)
+        # only refines the ALM (its start held fixed, so every full iteration evaluates one map). For "newton" the
+        # coarse stage runs Anderson and then estimates the map's Jacobian on its panel (coarse simulations cost
+        # N_coarse / N of a full one); the full panel takes quasi-Newton steps with it
         coarse = solve(xp, cal, grids, replace(settings, n_agents=settings.coarse_agents, coarse_agents=0,
                                                 tolerance=max(settings.coarse_tolerance, settings.tolerance),
-                                                den_haan_periods=0),
-                       timer, report, initial_k, initial_employed, use_kernels)
+                                                den_haan_periods=0, alm_update="anderson" if newton
+                                                else settings.alm_update),
+                       timer, report, initial_k, initial_employed, use_kernels, estimate_jacobian=newton)
     with timer.stage("setup"):
         problem = EulerProblem(xp, cal, grids, settings.interpolation)
         policy = initial_policy(xp, grids) if coarse is None else coarse.policy
@@ -356,7 +462,8 @@ def solve(
             engine = CudaPanel(xp, cal, grids, settings.interpolation, k_start.dtype, settings.n_agents, a_path,
                                settings.seed, STREAM_IDIOSYNCRATIC, use_graph=settings.panel_graph)
     alm = np.array(settings.initial_alm if coarse is None else coarse.alm, dtype=np.float64)
-    update = alm_updater(settings, near=coarse is not None)
+    jacobian = None if coarse is None else coarse.alm_jacobian
+    update = alm_updater(settings, near=coarse is not None, jacobian=jacobian)
     start_fixed = coarse is not None
     policy_iterations: list[int] = [] if coarse is None else list(coarse.policy_iterations)
     history: list[dict[str, float]] = [] if coarse is None else list(coarse.history)
@@ -413,14 +520,14 @@ def solve(
             history.append({"iteration": iteration, "n_agents": settings.n_agents, "change": change,
                             "seconds": time.perf_counter() - started, "policy_iterations": solved.iterations,
                             **{f"b{i}": float(v) for i, v in enumerate(alm_new)}})
-            last_alm = alm_new
+            last_alm, last_point = alm_new, alm.copy()
             if coarse is not None and iteration == 1:
                 # the tiled coarse panel carries the coarse sample's error in its mean: start the full panel
                 # from its own first final distribution (then fixed), the coarse stage having made it ergodic;
                 # the map changed, so a fresh update (its first step takes first_step of B_new)
                 k_start, e_start = panel.k, panel.employed
                 alm = update(alm, alm_new)
-                update = alm_updater(settings, near=True)
+                update = alm_updater(settings, near=True, jacobian=jacobian)
             else:
                 if change > 100.0 * settings.tolerance and not start_fixed:
                     if hist is not None:
@@ -438,6 +545,26 @@ def solve(
     edge = capital_grid_problem(capital_path, grids, settings.burn_in, cal)
     if edge is not None:  # the final simulation's K was clipped: the ALM describes the grid's edge
         raise ValueError(edge.message)
+    jacobian_estimate = None
+    if estimate_jacobian and not histogram:
+        def evaluate_map(point: np.ndarray, engine: CudaPanel | None = engine) -> np.ndarray:
+            """F(point): the policy for ``point`` (warm from the last one), the panel from the fixed start, the
+            regression."""
+            solved = solve_policy(xp, problem, point, policy, settings.policy, use_kernel=on_device)
+            if not solved.converged:
+                raise ValueError(policy_failure_message(settings.policy, solved.max_change, iteration))
+            if engine is not None:
+                path = engine.simulate(solved.policy, k_start, e_start).capital_path
+            else:
+                path = simulate_panel(xp, cal, grids, settings.interpolation, solved.policy, k_start, e_start,
+                                      a_path, settings.seed, STREAM_IDIOSYNCRATIC, use_kernel=False).capital_path
+            return alm_mod.coefficients(*alm_mod.regress_alm(path, a_path, settings.burn_in))
+
+        report(0.9, "ALM Jacobian")
+        with timer.stage("jacobian"):
+            jacobian_estimate = alm_jacobian(evaluate_map, last_point, last_alm,
+                                             jacobian_directions(capital_path, settings.burn_in))
+        del evaluate_map  # it holds the engine, whose buffers are freed below
     warnings = [] if converged else [outer_loop_warning(settings, change)]
     top_problem = None if hist is None else histogram_top_problem(hist.distribution, k_nodes)
     if top_problem is not None:  # a fixed point with a cut-off distribution is no solution; a stop on the way is
@@ -450,7 +577,10 @@ def solve(
                         final_k=None if panel is None else panel.k,
                         final_employed=None if panel is None else panel.employed,
                         final_distribution=None if hist is None else hist.distribution,
-                        coarse_iterations=0 if coarse is None else coarse.iterations)
+                        coarse_iterations=0 if coarse is None else coarse.iterations,
+                        alm_jacobian=jacobian_estimate,
+                        jacobian_simulations=4 if jacobian_estimate is not None else
+                        0 if coarse is None else coarse.jacobian_simulations)
     del engine  # its buffers (N-sized) are not needed by the accuracy test
     if test_periods > 0:
         report(0.95, "Den Haan accuracy test")

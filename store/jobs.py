@@ -207,15 +207,19 @@ def stale_running_jobs(session: Session, *, stale_after: timedelta, now: datetim
     return list(session.scalars(select(Job).where(Job.status == JobStatus.RUNNING, Job.heartbeat_at < cutoff)).all())
 
 
-def requeue_or_fail_stale(session: Session, job: Job, *, max_attempts: int) -> JobStatus | None:
+def requeue_or_fail_stale(session: Session, job: Job, *, max_attempts: int,
+                          outcome_kept: bool = False) -> JobStatus | None:
     """Return a job whose worker went silent to the queue, or fail it when its attempts are spent.
 
-    Returns the new status, or None when another party changed the job first.
+    ``outcome_kept``: an earlier run computed the job's outcome but could not store it (it is on disk, see
+    ``store.artifacts.save_pending_outcome``): the job goes back to the queue whatever its attempts, since
+    its next run stores that outcome without computing. Returns the new status, or None when another party
+    changed the job first.
     """
     conditions = (Job.id == job.id, Job.status == JobStatus.RUNNING, Job.heartbeat_at == job.heartbeat_at)
     if job.cancel_requested:
         new_status, values = JobStatus.CANCELLED, {"finished_at": utcnow(), "stage": "cancelled (worker lost)"}
-    elif job.attempts >= max_attempts:
+    elif job.attempts >= max_attempts and not outcome_kept:
         new_status = JobStatus.FAILED
         values = {
             "finished_at": utcnow(),

@@ -426,7 +426,10 @@ def reap_once() -> dict[str, int]:
     counts = {"requeued": 0, "failed": 0, "cancelled": 0, "resent": 0}
     with session_scope() as session:
         outcomes = [
-            (job.id, job.queue, job_store.requeue_or_fail_stale(session, job, max_attempts=settings.max_attempts))
+            (job.id, job.queue, job_store.requeue_or_fail_stale(
+                session, job, max_attempts=settings.max_attempts,
+                # a computed outcome kept on disk is never thrown away for the attempts spent storing it
+                outcome_kept=load_pending_outcome(job.id) is not None))
             for job in job_store.stale_running_jobs(session, stale_after=stale_after)
         ]
     for job_id, queue, outcome in outcomes:

@@ -206,6 +206,42 @@ def test_an_outcome_that_cannot_be_stored_is_kept_and_stored_by_the_next_run(
     assert_succeeded_like_undisturbed(job_id, SMALL, attempts=2)
 
 
+def test_a_kept_outcome_is_stored_even_when_the_job_s_attempts_are_spent(
+    stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reaper fails a silent job whose attempts are spent (WorkerLost), unless an earlier run kept its
+    computed outcome on disk: then it is re-queued, and the next run stores that outcome."""
+    job_id = submit(SMALL)
+    with pytest.MonkeyPatch.context() as outage:
+        use_settings(outage, worker_result_retry_seconds=1.0)
+        failing_for(outage, "finish", failures=None)
+        assert execute_job(job_id, worker="w1") is None  # computed, kept on disk, not stored
+    get_settings.cache_clear()
+    assert pending_outcome_path(job_id).exists()
+    spent = get_settings().max_attempts
+    with session_scope() as session:
+        session.execute(update(Job).where(Job.id == job_id)
+                        .values(attempts=spent, heartbeat_at=utcnow().replace(year=2000)))
+    assert reap_once()["requeued"] == 1
+    assert load(job_id).status == "queued"
+    real = get_kind(KIND)
+
+    def must_not_run(_params: Any, _ctx: Any) -> Any:
+        raise AssertionError("the kernel ran again although its outcome was kept")
+
+    monkeypatch.setattr("worker.tasks.get_kind", lambda _name: dataclasses.replace(real, run=must_not_run))
+    assert execute_job(job_id, worker="w2") == "succeeded"
+    assert_succeeded_like_undisturbed(job_id, SMALL, attempts=spent + 1)
+
+    # without a kept outcome, spent attempts still end the job (the reaper's rule is unchanged)
+    doomed = submit(SMALL)
+    with session_scope() as session:
+        session.execute(update(Job).where(Job.id == doomed).values(
+            status="running", worker="lost", attempts=spent, heartbeat_at=utcnow().replace(year=2000)))
+    assert reap_once()["failed"] == 1
+    assert load(doomed).error["code"] == "worker_lost"
+
+
 def test_a_database_error_raised_through_the_kernel_hands_the_job_back(stack_env: dict[str, str]) -> None:
     real = get_kind(KIND)
 

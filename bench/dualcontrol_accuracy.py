@@ -34,10 +34,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.backend import device_label, get_namespace, to_host
-from kernels.dualcontrol.bellman import MinimiserSettings
 from kernels.dualcontrol.grid import StateGrid, make_state_grid
-from kernels.dualcontrol.model import ModelParams, inert_value, myopic_policy
-from kernels.dualcontrol.report import StateEvaluator, exact_report, halved_shapes, richardson
+from kernels.dualcontrol.model import ModelParams, inert_value
+from kernels.dualcontrol.report import StateEvaluator, exact_report, halved_shapes, richardson, simulation_rules
 from kernels.dualcontrol.simulate import horizon_for, simulate_costs
 from kernels.dualcontrol.solve import SolveSettings, solve
 
@@ -54,7 +53,6 @@ CASES: dict[str, dict[str, Any]] = {
     },
 }
 TOLERANCE = {"inert": 1e-6, "myopic": 1e-6, "optimal": 1e-5}
-SIMULATION_MINIMISER = MinimiserSettings(scan_points=16, golden_iterations=30)
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -116,16 +114,7 @@ def simulate(model: ModelParams, solved: dict[str, dict], states: np.ndarray, ar
     for name, run in solved.items():
         solution = run["solution"]
         evaluator = StateEvaluator(model, solution.grid, to_host(solution.value), args.nodes, args.interpolation)
-        tails[name] = lambda x, mu, s, e=evaluator: e.interpolate(e.values, x, mu, s, value=True)
-        if name == "optimal":
-            grid_policy = to_host(solution.policy)
-            controls[name] = lambda x, mu, s, e=evaluator, p=grid_policy: e.minimise(
-                x, mu, s, [e.interpolate(p, x, mu, s, value=False)], SIMULATION_MINIMISER
-            )[0]
-        elif name == "myopic":
-            controls[name] = lambda x, mu, s: myopic_policy(model, x, mu, s)
-        else:
-            controls[name] = lambda x, mu, s: np.zeros_like(x)
+        controls[name], tails[name] = simulation_rules(model, name, evaluator, to_host(solution.policy))
     horizon = args.horizon or horizon_for(model.delta)
     return simulate_costs(model, states, controls, tails, args.paths, horizon, args.seed, np)
 

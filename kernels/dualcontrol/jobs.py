@@ -13,8 +13,15 @@ from kernels.backend import to_host
 from kernels.context import RunContext
 from kernels.dualcontrol.bellman import MinimiserSettings
 from kernels.dualcontrol.grid import StateGrid, make_state_grid
-from kernels.dualcontrol.model import ModelParams, myopic_policy
-from kernels.dualcontrol.report import ExactReport, StateEvaluator, exact_report, halved_shapes, richardson
+from kernels.dualcontrol.model import ModelParams
+from kernels.dualcontrol.report import (
+    ExactReport,
+    StateEvaluator,
+    exact_report,
+    halved_shapes,
+    richardson,
+    simulation_rules,
+)
 from kernels.dualcontrol.simulate import horizon_for, simulate_costs
 from kernels.dualcontrol.solve import Solution, SolveSettings, solve
 from kernels.dualcontrol.spec import (
@@ -30,9 +37,6 @@ from kernels.registry import JobKind, KindExample
 
 # Tolerance of the myopic solve that accompanies an optimal one: its own default, or tighter if asked.
 _MYOPIC_COMPANION_TOLERANCE = 1e-6
-# The simulation's optimal control is the one-step minimiser at every simulated state: a lighter search than
-# the report's (it runs at paths x periods states).
-_SIMULATION_MINIMISER = MinimiserSettings(scan_points=16, golden_iterations=30)
 # Grids of the error estimate: the solved one, then halved per axis twice (no axis below this many nodes).
 _ERROR_GRIDS, _SMALLEST_ERROR_AXIS = 2, 4
 
@@ -176,16 +180,7 @@ def _simulate(
         assert run.solution is not None
         grid, values = run.solution.grid, to_host(run.solution.value).astype(np.float64)
         evaluator = StateEvaluator(model, grid, values, params.quadrature_nodes, params.interpolation)
-        grid_policy = to_host(run.solution.policy)
-        tails[name] = lambda x, mu, s, e=evaluator: e.interpolate(e.values, x, mu, s, value=True)
-        if name == "optimal":
-            controls[name] = lambda x, mu, s, e=evaluator, p=grid_policy: e.minimise(
-                x, mu, s, [e.interpolate(p, x, mu, s, value=False)], _SIMULATION_MINIMISER
-            )[0]
-        elif name == "myopic":
-            controls[name] = lambda x, mu, s: myopic_policy(model, x, mu, s)
-        else:
-            controls[name] = lambda x, mu, s: np.zeros_like(x)
+        controls[name], tails[name] = simulation_rules(model, name, evaluator, to_host(run.solution.policy))
     horizon = spec.horizon if spec.horizon is not None else horizon_for(model.delta)
     result = simulate_costs(model, states, controls, tails, spec.paths, horizon, spec.seed, np)
     voe = result.differences.get(("myopic", "optimal"))

@@ -14,7 +14,7 @@ The error estimate (``richardson``) reads the same exact-state numbers computed 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,3 +160,30 @@ def halved_shapes(shape: tuple[int, int, int], count: int, smallest: int = 4) ->
             break
         shapes.append(halved)  # type: ignore[arg-type]
     return shapes
+
+
+# The simulation's optimal control is the one-step minimiser at every simulated state: a lighter search than
+# the report's (it runs at paths x periods states).
+SIMULATION_MINIMISER = MinimiserSettings(scan_points=16, golden_iterations=30)
+
+StateRule = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+def simulation_rules(model: ModelParams, policy: str, evaluator: StateEvaluator,
+                     grid_policy: np.ndarray) -> tuple[StateRule, StateRule]:
+    """(control, tail value) of ``policy`` at arbitrary states for the Monte Carlo: the optimal control is
+    the one-step minimiser started from the grid policy, myopic its closed form, inert 0; the tail is the
+    solved grid value."""
+    def tail(x: np.ndarray, mu: np.ndarray, s: np.ndarray) -> np.ndarray:
+        return evaluator.interpolate(evaluator.values, x, mu, s, value=True)
+
+    def control(x: np.ndarray, mu: np.ndarray, s: np.ndarray) -> np.ndarray:
+        if policy == "optimal":
+            start = evaluator.interpolate(grid_policy, x, mu, s, value=False)
+            return evaluator.minimise(x, mu, s, [start], SIMULATION_MINIMISER)[0]
+        if policy == "myopic":
+            return myopic_policy(model, x, mu, s)
+        return np.zeros_like(x)
+
+    return control, tail
+

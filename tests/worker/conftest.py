@@ -11,15 +11,51 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from core.settings import get_settings
+from kernels.context import local_context, run_kind
+from kernels.registry import get_kind
 from store import db
+from store import jobs as job_store
+from store.db import session_scope
 from store.migrate import upgrade_to_head
+from store.models import Job
 from tests import servers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# The worker tests' job: crve_montecarlo, small (a fraction of a second) or long (several seconds of NumPy
+# work on two cores, with a progress checkpoint per block of replications).
+KIND = "crve_montecarlo"
+SMALL = {"n_clusters": 20, "cluster_size": 10, "n_regressors": 3, "replications": 200, "seed": 11}
+LONG = {"n_clusters": 50, "cluster_size": 30, "n_regressors": 3, "replications": 4000, "seed": 12}
+
+
+def submit(params: dict[str, Any], kind: str = KIND, queue: str | None = None) -> str:
+    with session_scope() as session:
+        job, _ = job_store.create_job(
+            session, owner="tester", kind=kind, params=params, dataset_ids={}, queue=queue or get_settings().queue
+        )
+        return job.id
+
+
+def load(job_id: str) -> Job:
+    with session_scope() as session:
+        job = job_store.get_job(session, job_id)
+        assert job is not None
+        return job
+
+
+def reference_result(params: dict[str, Any]) -> dict[str, Any]:
+    """The undisturbed run's result, computed in this process."""
+    return run_kind(get_kind(KIND), params, local_context(device="cpu"))
+
+
+def comparable(result: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in result.items() if key not in ("timings", "device")}
 
 
 def _clear_caches() -> None:

@@ -19,7 +19,7 @@ from kernels.spec import JobParams, ResultModel
 from store import jobs as job_store
 from store.datasets import ingest
 from store.db import session_scope
-from tests.worker.test_worker_jobs import load
+from tests.worker.conftest import load
 from worker.tasks import execute_job
 
 

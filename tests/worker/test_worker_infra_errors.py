@@ -20,21 +20,26 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from core.settings import get_settings
-from kernels.context import local_context, run_kind
 from kernels.registry import get_kind
 from store import jobs as job_store
 from store.artifacts import pending_outcome_path
 from store.db import session_scope
 from store.models import Job, utcnow
-from tests.worker.conftest import WorkerProcess, wait_for
+from tests.worker.conftest import (
+    KIND,
+    LONG,
+    SMALL,
+    WorkerProcess,
+    comparable,
+    load,
+    reference_result,
+    submit,
+    wait_for,
+)
 from worker import infra
 from worker.infra import InfrastructureUnavailable, retry_infrastructure
 from worker.tasks import execute_job, reap_once
 
-KIND = "crve_montecarlo"
-SMALL = {"n_clusters": 20, "cluster_size": 10, "n_regressors": 3, "replications": 200, "seed": 11}
-# Several seconds of NumPy work with a progress checkpoint per block of replications.
-LONG = {"n_clusters": 50, "cluster_size": 30, "n_regressors": 3, "replications": 4000, "seed": 12}
 POSTGRES = [pytest.param("servers", marks=pytest.mark.servers)]
 
 
@@ -45,27 +50,8 @@ def dropped_connection(
     return OperationalError(statement, {}, Exception("server closed the connection unexpectedly"))
 
 
-def submit(params: dict[str, Any]) -> str:
-    with session_scope() as session:
-        job, _ = job_store.create_job(session, owner="tester", kind=KIND, params=params, dataset_ids={},
-                                      queue=get_settings().queue)
-        return job.id
-
-
-def load(job_id: str) -> Job:
-    with session_scope() as session:
-        job = job_store.get_job(session, job_id)
-        assert job is not None
-        return job
-
-
-def comparable(result: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in result.items() if key not in ("timings", "device")}
-
-
 def reference(params: dict[str, Any]) -> dict[str, Any]:
-    """The undisturbed run's result, computed in this process."""
-    return comparable(run_kind(get_kind(KIND), params, local_context(device="cpu")))
+    return comparable(reference_result(params))
 
 
 def assert_succeeded_like_undisturbed(job_id: str, params: dict[str, Any], attempts: int = 1) -> Job:
@@ -179,29 +165,44 @@ def test_progress_writes_that_keep_failing_are_skipped_and_paused(
     assert 1 <= calls[0] <= 10 + 4 * seconds, calls[0]
 
 
-def test_an_outcome_that_cannot_be_stored_is_kept_and_stored_by_the_next_run(
-    stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    job_id = submit(SMALL)
+def run_but_keep_the_outcome(job_id: str) -> None:
+    """Run the job while its outcome cannot be stored (every finish fails): it is left running, kept on disk."""
     with pytest.MonkeyPatch.context() as outage:
         use_settings(outage, worker_result_retry_seconds=1.0)
         failing_for(outage, "finish", failures=None)
         assert execute_job(job_id, worker="w1") is None  # left, not failed
     get_settings.cache_clear()  # the database is back, and the settings as the stack set them
-    job = load(job_id)
-    assert (job.status, job.worker, job.error) == ("running", "w1", None)
     assert pending_outcome_path(job_id).exists()
 
-    # The reaper re-queues the silent job; its next run stores the kept outcome without computing it again.
-    with session_scope() as session:
-        session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow().replace(year=2000)))
-    assert reap_once()["requeued"] == 1
+
+def must_not_run(_params: Any, _ctx: Any) -> Any:
+    raise AssertionError("the kernel ran again although its outcome was kept")
+
+
+def forbid_running_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     real = get_kind(KIND)
-
-    def must_not_run(_params: Any, _ctx: Any) -> Any:
-        raise AssertionError("the kernel ran again although its outcome was kept")
-
     monkeypatch.setattr("worker.tasks.get_kind", lambda _name: dataclasses.replace(real, run=must_not_run))
+
+
+def make_silent(job_id: str, **values: Any) -> None:
+    """The job's worker stopped heartbeating long ago (the reaper's case), with ``values`` set too."""
+    with session_scope() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow().replace(year=2000),
+                                                                   **values))
+
+
+def test_an_outcome_that_cannot_be_stored_is_kept_and_stored_by_the_next_run(
+    stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = submit(SMALL)
+    run_but_keep_the_outcome(job_id)
+    job = load(job_id)
+    assert (job.status, job.worker, job.error) == ("running", "w1", None)
+
+    # The reaper re-queues the silent job; its next run stores the kept outcome without computing it again.
+    make_silent(job_id)
+    assert reap_once()["requeued"] == 1
+    forbid_running_the_kernel(monkeypatch)
     assert execute_job(job_id, worker="w2") == "succeeded"
     assert_succeeded_like_undisturbed(job_id, SMALL, attempts=2)
 
@@ -211,33 +212,19 @@ def test_a_kept_outcome_is_stored_even_when_the_job_s_attempts_are_spent(
 ) -> None:
     """The reaper fails a silent job whose attempts are spent (WorkerLost), unless an earlier run kept its
     computed outcome on disk: then it is re-queued, and the next run stores that outcome."""
-    job_id = submit(SMALL)
-    with pytest.MonkeyPatch.context() as outage:
-        use_settings(outage, worker_result_retry_seconds=1.0)
-        failing_for(outage, "finish", failures=None)
-        assert execute_job(job_id, worker="w1") is None  # computed, kept on disk, not stored
-    get_settings.cache_clear()
-    assert pending_outcome_path(job_id).exists()
     spent = get_settings().max_attempts
-    with session_scope() as session:
-        session.execute(update(Job).where(Job.id == job_id)
-                        .values(attempts=spent, heartbeat_at=utcnow().replace(year=2000)))
+    job_id = submit(SMALL)
+    run_but_keep_the_outcome(job_id)
+    make_silent(job_id, attempts=spent)
     assert reap_once()["requeued"] == 1
     assert load(job_id).status == "queued"
-    real = get_kind(KIND)
-
-    def must_not_run(_params: Any, _ctx: Any) -> Any:
-        raise AssertionError("the kernel ran again although its outcome was kept")
-
-    monkeypatch.setattr("worker.tasks.get_kind", lambda _name: dataclasses.replace(real, run=must_not_run))
+    forbid_running_the_kernel(monkeypatch)
     assert execute_job(job_id, worker="w2") == "succeeded"
     assert_succeeded_like_undisturbed(job_id, SMALL, attempts=spent + 1)
 
     # without a kept outcome, spent attempts still end the job (the reaper's rule is unchanged)
     doomed = submit(SMALL)
-    with session_scope() as session:
-        session.execute(update(Job).where(Job.id == doomed).values(
-            status="running", worker="lost", attempts=spent, heartbeat_at=utcnow().replace(year=2000)))
+    make_silent(doomed, status="running", worker="lost", attempts=spent)
     assert reap_once()["failed"] == 1
     assert load(doomed).error["code"] == "worker_lost"
 

@@ -13,42 +13,13 @@ import pytest
 from sqlalchemy import update
 
 from core.queue import broker_connection, send
-from core.settings import get_settings
 from core.status import TERMINAL_STATUSES
-from kernels.context import local_context, run_kind
 from kernels.registry import get_kind
 from store import jobs as job_store
 from store.db import session_scope
 from store.models import Job, utcnow
-from tests.worker.conftest import wait_for
+from tests.worker.conftest import LONG, SMALL, comparable, load, reference_result, submit, wait_for
 from worker.tasks import execute_job, reap_once
-
-SMALL = {"n_clusters": 20, "cluster_size": 10, "n_regressors": 3, "replications": 200, "seed": 11}
-# About 4-6 s of NumPy work on this 2-core machine, with a progress checkpoint per block of replications.
-LONG = {"n_clusters": 50, "cluster_size": 30, "n_regressors": 3, "replications": 4000, "seed": 12}
-
-
-def submit(params: dict[str, Any], kind: str = "crve_montecarlo", queue: str | None = None) -> str:
-    with session_scope() as session:
-        job, _ = job_store.create_job(
-            session, owner="tester", kind=kind, params=params, dataset_ids={}, queue=queue or get_settings().queue
-        )
-        return job.id
-
-
-def load(job_id: str) -> Job:
-    with session_scope() as session:
-        job = job_store.get_job(session, job_id)
-        assert job is not None
-        return job
-
-
-def reference_result(params: dict[str, Any]) -> dict[str, Any]:
-    return run_kind(get_kind("crve_montecarlo"), params, local_context(device="cpu"))
-
-
-def comparable(result: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in result.items() if key not in ("timings", "device")}
 
 
 def test_job_runs_to_success_with_device_and_timings(stack_env: dict[str, str]) -> None:

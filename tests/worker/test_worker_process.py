@@ -19,8 +19,7 @@ from core.queue import broker_connection, send
 from core.status import TERMINAL_STATUSES
 from store import jobs as job_store
 from tests import servers
-from tests.worker.conftest import WorkerProcess, wait_for
-from tests.worker.test_worker_jobs import LONG, comparable, load, reference_result, submit
+from tests.worker.conftest import LONG, WorkerProcess, comparable, load, reference_result, submit, wait_for
 from worker.health import problem
 from worker.tasks import EXIT_NOT_READY, REQUEUED_STAGE
 

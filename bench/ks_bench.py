@@ -10,6 +10,8 @@
     GPUEST_DEVICE=cpu python bench/ks_bench.py solve --n-agents 10000          # the NumPy path
     python bench/ks_bench.py rounding --interpolation catmull_rom --seed 2   # ulp sensitivity (NumPy, ~2 min)
     python bench/ks_bench.py example   # the kind's example on NumPy and the default device, worst gap
+    python bench/ks_bench.py job --repeats 2 --spec '{"k_grid": {"size": 500}, "K_grid": {"size": 50},
+        "n_agents": 10000000, "coarse_agents": 100000, "alm_update": "anderson"}'   # a job spec as the worker runs it
 
 On the GPU the panel benchmark builds one :class:`CudaPanel` (buffers and, unless ``--no-graph``, the period
 loop captured as CUDA graphs), simulates once untimed, then times ``--repeats`` replays; the capture time is
@@ -217,12 +219,33 @@ def bench_example(args: argparse.Namespace) -> dict:
             "converged": cpu["converged"], "policy_iterations": cpu["policy_iterations"]}
 
 
+def bench_job(args: argparse.Namespace) -> dict:
+    """A ``ks_solve`` job spec (``--spec`` JSON) through ``run_kind`` on the default device, as the worker runs
+    it: the first run in the process (compiles from the disk cache) and then ``--repeats`` more, the best kept."""
+    from kernels.context import run_kind
+    from kernels.ks.jobs import KS_SOLVE
+    from kernels.ks.spec import KSSolveParams
+
+    params = KSSolveParams.model_validate_json(args.spec)
+    seconds, result = [], {}
+    for _ in range(1 + args.repeats):
+        ctx = local_context()
+        start = time.perf_counter()
+        result = run_kind(KS_SOLVE, params, ctx)
+        seconds.append(time.perf_counter() - start)
+    return {"bench": "ks_job", "device": result["device"], "spec": json.loads(args.spec),
+            "seconds_first": seconds[0], "seconds_best": min(seconds[1:]), "seconds_all": seconds,
+            "timings": result["timings"], "iterations": result["iterations"],
+            "coarse_iterations": result["coarse_iterations"], "converged": result["converged"],
+            "alm": result["alm"], "den_haan_error": result["den_haan_error"], "mean_capital": result["mean_capital"]}
+
+
 def summarize(path: str) -> None:
     """One line per benchmark of a log of this script's JSON lines."""
     with open(path) as log:
         rows = [json.loads(line) for line in log if line.startswith("{")]
     for r in rows:
-        if r["bench"] in ("ks_rounding", "ks_example"):
+        if r["bench"] in ("ks_rounding", "ks_example", "ks_job"):
             print(r)
             continue
         loop = "graph" if r.get("graph") else "plain loop"
@@ -242,7 +265,8 @@ def summarize(path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["panel", "solve", "rounding", "example", "summary"])
+    parser.add_argument("what", choices=["panel", "solve", "rounding", "example", "job", "summary"])
+    parser.add_argument("--spec", default="{}", help="job: the ks_solve params as JSON")
     parser.add_argument("--log", help="summary: the JSON-lines log to tabulate")
     parser.add_argument("--n-agents", type=int, default=10_000)
     parser.add_argument("--periods", type=int, default=None, help="default: panel 1000, solve 1100")
@@ -274,7 +298,8 @@ def main() -> None:
         return
     if args.periods is None:
         args.periods = 1000 if args.what == "panel" else 1100
-    benches = {"panel": bench_panel, "solve": bench_solve, "rounding": bench_rounding, "example": bench_example}
+    benches = {"panel": bench_panel, "solve": bench_solve, "rounding": bench_rounding, "example": bench_example,
+               "job": bench_job}
     out = benches[args.what](args)
     print(json.dumps(out))
 

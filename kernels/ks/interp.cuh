@@ -64,74 +64,103 @@ __device__ __forceinline__ void ks_lagrange_weights(ks_real x, const ks_real* no
     }
 }
 
-// method 2 ("cubic"): four-point Lagrange along physical k and along the K coordinate, the stencil
-// i-1 .. i+2 shifted inwards at the edges (min(size, 4) nodes), inner filter along K, outer along k.
-__device__ __forceinline__ ks_real ks_local_cubic(
-        const ks_real* __restrict__ table, const ks_real* __restrict__ k_nodes, long long base,
-        ks_real k, ks_real s_K, int i, int j, int nk, int nK) {
-    const int length_k = nk < 4 ? nk : 4, length_K = nK < 4 ? nK : 4;
-    const int first_k = min(max(i - 1, 0), nk - length_k);
-    const int first_K = min(max(j - 1, 0), nK - length_K);
-    ks_real nodes_k[4], nodes_K[4], w_k[4], w_K[4];
-    #pragma unroll
-    for (int m = 0; m < 4; ++m) {
-        nodes_k[m] = m < length_k ? k_nodes[first_k + m] : (ks_real)0;
-        nodes_K[m] = (ks_real)(first_K + m);
-    }
-    ks_lagrange_weights(k, nodes_k, length_k, w_k);
-    ks_lagrange_weights(s_K, nodes_K, length_K, w_K);
-    ks_real result = (ks_real)0;
-    #pragma unroll
-    for (int di = 0; di < 4; ++di) {
-        if (di >= length_k) continue;
-        const long long row_base = base + (long long)(first_k + di) * nK + first_K;
-        ks_real filtered = (ks_real)0;
+// The interpolation is separable: an inner filter along K (the same columns and weights for every point that
+// shares K: all agents of a panel period) applied to the rows of a stencil along k, combined with the k
+// weights. Codes from kernels/ks/policy.py's method_code: 0 bilinear (linear in physical k, K), 1 Catmull-Rom
+// in grid coordinates (indices clamped at the ends), 2 local cubic (four-point Lagrange in physical k and in
+// the K coordinate, the stencil i-1 .. i+2 shifted inwards at the edges: min(size, 4) nodes). Each sum starts
+// from zero and runs in stencil order, as interp.py's array code.
+struct ks_stencil {
+    int index[4];
+    ks_real weight[4];
+    int count;
+};
+
+// The K side: which columns of a row and their weights.
+__device__ __forceinline__ ks_stencil ks_K_stencil(const ks_grid_params& g, ks_real K, int method) {
+    ks_stencil st;
+    ks_real f_K;
+    const ks_real s_K = ks_K_coordinate(g, K);
+    const int j = ks_cell(s_K, g.nK, &f_K);
+    if (method == 0) {
+        st.count = 2;
+        st.index[0] = j; st.index[1] = j + 1; st.index[2] = j; st.index[3] = j;
+        st.weight[0] = (ks_real)1.0 - f_K; st.weight[1] = f_K; st.weight[2] = (ks_real)0; st.weight[3] = (ks_real)0;
+    } else if (method == 1) {
+        st.count = 4;
+        ks_catrom_weights(f_K, st.weight);
         #pragma unroll
-        for (int dj = 0; dj < 4; ++dj) {
-            if (dj < length_K) filtered += table[row_base + dj] * w_K[dj];
+        for (int d = 0; d < 4; ++d) st.index[d] = min(max(j + d - 1, 0), g.nK - 1);
+    } else {
+        const int length = g.nK < 4 ? g.nK : 4;
+        const int first = min(max(j - 1, 0), g.nK - length);
+        ks_real nodes[4];
+        #pragma unroll
+        for (int d = 0; d < 4; ++d) {
+            nodes[d] = (ks_real)(first + d);
+            st.index[d] = d < length ? first + d : first;
         }
-        result += filtered * w_k[di];
+        ks_lagrange_weights(s_K, nodes, length, st.weight);
+        st.count = length;
     }
-    return result;
+    return st;
 }
 
-// method 0: bilinear (linear in physical k, K); method 1: Catmull-Rom in grid coordinates; method 2: local
-// cubic (four-point Lagrange) in physical k and K. Codes from kernels/ks/policy.py's method_code.
+// The k side at one point: which rows and their weights (k_nodes: the k grid, in global or shared memory).
+__device__ __forceinline__ ks_stencil ks_k_stencil(const ks_real* k_nodes, ks_real k, const ks_grid_params& g,
+                                                   int method) {
+    ks_stencil st;
+    ks_real f_k;
+    const int i = ks_cell(ks_k_coordinate(g, k), g.nk, &f_k);
+    if (method == 0) {
+        const ks_real k_low = k_nodes[i], k_high = k_nodes[i + 1];
+        const ks_real w_k = (ks_clip(k, g.k_min, g.k_max) - k_low) / (k_high - k_low);
+        st.count = 2;
+        st.index[0] = i; st.index[1] = i + 1; st.index[2] = i; st.index[3] = i;
+        st.weight[0] = (ks_real)1.0 - w_k; st.weight[1] = w_k; st.weight[2] = (ks_real)0; st.weight[3] = (ks_real)0;
+    } else if (method == 1) {
+        st.count = 4;
+        ks_catrom_weights(f_k, st.weight);
+        #pragma unroll
+        for (int d = 0; d < 4; ++d) st.index[d] = min(max(i + d - 1, 0), g.nk - 1);
+    } else {
+        const int length = g.nk < 4 ? g.nk : 4;
+        const int first = min(max(i - 1, 0), g.nk - length);
+        ks_real nodes[4];
+        #pragma unroll
+        for (int d = 0; d < 4; ++d) {
+            st.index[d] = d < length ? first + d : first;
+            nodes[d] = k_nodes[st.index[d]];
+        }
+        ks_lagrange_weights(ks_clip(k, g.k_min, g.k_max), nodes, length, st.weight);
+        st.count = length;
+    }
+    return st;
+}
+
+// Sum over a stencil of values[index] * weight, from zero in stencil order.
+__device__ __forceinline__ ks_real ks_apply(const ks_real* __restrict__ values, const ks_stencil& st) {
+    ks_real sum = (ks_real)0;
+    #pragma unroll
+    for (int d = 0; d < 4; ++d) {
+        if (d < st.count) sum += values[st.index[d]] * st.weight[d];
+    }
+    return sum;
+}
+
+// The policy table[plane] at (k, K): the K filter of each row of the k stencil, combined along k.
 __device__ __forceinline__ ks_real ks_interpolate(
         const ks_real* __restrict__ table, const ks_real* __restrict__ k_nodes, int plane,
         ks_real k, ks_real K, const ks_grid_params& g, int method) {
-    const int nk = g.nk, nK = g.nK;
-    const long long base = (long long)plane * nk * nK;
-    ks_real f_k, f_K;
-    const ks_real s_K = ks_K_coordinate(g, K);
-    int i = ks_cell(ks_k_coordinate(g, k), nk, &f_k);
-    int j = ks_cell(s_K, nK, &f_K);
-    if (method == 2) {
-        return ks_local_cubic(table, k_nodes, base, ks_clip(k, g.k_min, g.k_max), s_K, i, j, nk, nK);
-    }
-    if (method == 0) {
-        ks_real k_low = k_nodes[i], k_high = k_nodes[i + 1];
-        ks_real w_k = (ks_clip(k, g.k_min, g.k_max) - k_low) / (k_high - k_low);
-        long long row = base + (long long)i * nK + j;
-        ks_real low = ((ks_real)1.0 - f_K) * table[row] + f_K * table[row + 1];
-        ks_real high = ((ks_real)1.0 - f_K) * table[row + nK] + f_K * table[row + nK + 1];
-        return ((ks_real)1.0 - w_k) * low + w_k * high;
-    }
-    ks_real w_k[4], w_K[4];
-    ks_catrom_weights(f_k, w_k);
-    ks_catrom_weights(f_K, w_K);
+    const ks_stencil along_K = ks_K_stencil(g, K, method);
+    const ks_stencil along_k = ks_k_stencil(k_nodes, k, g, method);
+    const long long base = (long long)plane * g.nk * g.nK;
     ks_real result = (ks_real)0;
     #pragma unroll
-    for (int di = 0; di < 4; ++di) {
-        int ii = min(max(i + di - 1, 0), nk - 1);
-        long long row_base = base + (long long)ii * nK;
-        ks_real filtered = (ks_real)0;
-        #pragma unroll
-        for (int dj = 0; dj < 4; ++dj) {
-            int jj = min(max(j + dj - 1, 0), nK - 1);
-            filtered += table[row_base + jj] * w_K[dj];
+    for (int d = 0; d < 4; ++d) {
+        if (d < along_k.count) {
+            result += ks_apply(table + base + (long long)along_k.index[d] * g.nK, along_K) * along_k.weight[d];
         }
-        result += filtered * w_k[di];
     }
     return result;
 }

@@ -64,6 +64,7 @@ def _settings(params: KSSolveParams) -> SolveSettings:
     return SolveSettings(
         n_agents=params.n_agents, periods=params.periods, burn_in=params.burn_in, tolerance=params.tolerance,
         damping=params.damping, max_iterations=params.max_iterations, interpolation=params.interpolation,
+        alm_update=params.alm_update, coarse_agents=params.coarse_agents,
         precision=params.precision, seed=params.seed,
         policy=PolicySettings(params.policy_tolerance, policy_damping(params), params.policy_max_iterations,
                               method=params.policy_method),
@@ -119,6 +120,7 @@ def _result(params: KSSolveParams, solution: Solution, accuracy: HistogramTest |
         alm=ALM(bad=StateALM(**vars(bad)), good=StateALM(**vars(good))),
         den_haan_error=den_haan,
         iterations=solution.iterations,
+        coarse_iterations=solution.coarse_iterations,
         converged=solution.converged,
         warnings=solution.warnings,
         last_change=solution.last_change,

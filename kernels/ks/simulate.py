@@ -166,6 +166,7 @@ class CudaPanel:
         self.k = xp.zeros(self.n, dtype=self.dtype)
         self.employed = xp.zeros(self.n, dtype=xp.uint8)
         self.blocks = min((self.n + _THREADS - 1) // _THREADS, _MAX_BLOCKS)
+        self.shared_bytes = 3 * grids.k_size * self.dtype.itemsize  # the kernel's filtered planes and k nodes
         self.partial = xp.zeros(self.blocks, dtype=xp.float64)
         self.ticket = xp.zeros(1, dtype=xp.uint32)  # the kernel's atomicInc leaves it at 0 after every period
         self.capital_path = xp.zeros(self.periods + 1, dtype=xp.float64)
@@ -193,7 +194,7 @@ class CudaPanel:
 
     def _launch(self, first: int, stop: int) -> None:
         for t in range(first, stop):
-            self.kernel((self.blocks,), (_THREADS,), self._args[t])
+            self.kernel((self.blocks,), (_THREADS,), self._args[t], shared_mem=self.shared_bytes)
 
     def _capture(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()  # the buffers were zeroed on the caller's stream

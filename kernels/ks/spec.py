@@ -104,6 +104,18 @@ class KSSolveParams(JobParams):
     K_grid: AggregateGrid = Field(default_factory=AggregateGrid)
     tolerance: float = Field(default=1e-7, gt=0.0, le=0.1, description="stop when ||B_new - B||_2 < tolerance")
     damping: float = Field(default=0.3, gt=0.0, le=1.0, description="weight of the new regression in the ALM update")
+    alm_update: Literal["damped", "anderson", "newton"] = Field(
+        default="damped",
+        description="outer-loop update of the ALM: damped (B <- damping B_new + (1 - damping) B), anderson (Anderson "
+        "acceleration of the same map, fewer iterations), newton (quasi-Newton with the coarse stage's Jacobian: "
+        "needs coarse_agents) (docs/ks.md)",
+    )
+    coarse_agents: int = Field(
+        default=0, ge=0, le=200_000_000,
+        description="0: off; otherwise solve first on a panel of this many agents (1,000 or more, fewer than "
+        "n_agents; to 1e-5), then refine on the full panel from its ALM and ergodic cross-section: the full "
+        "panel's own fixed point in a few iterations (the fast path at large n_agents, docs/ks.md)",
+    )
     max_iterations: int = Field(default=100, ge=1, le=1000, description="outer (ALM) iterations at most")
     interpolation: Literal["bilinear", "catmull_rom", "cubic"] = Field(
         default="catmull_rom", description="policy interpolation (policy step and panel); 'cubic' is the local "
@@ -180,6 +192,19 @@ class KSSolveParams(JobParams):
         return self
 
     @model_validator(mode="after")
+    def _staged_solve_consistent(self) -> KSSolveParams:
+        if self.coarse_agents:
+            if not 1_000 <= self.coarse_agents < self.n_agents:
+                raise ValueError(f"coarse_agents must be 0 (off) or at least 1,000 and fewer than n_agents "
+                                 f"({self.n_agents:,}), not {self.coarse_agents:,}")
+            if self.alm_simulation == "histogram":
+                raise ValueError("coarse_agents stages the panel: it has no meaning with alm_simulation 'histogram'")
+        if self.alm_update == "newton" and not self.coarse_agents:
+            raise ValueError("alm_update 'newton' takes its Jacobian from the coarse stage: set coarse_agents "
+                             "(e.g. 100000), or use alm_update 'anderson'")
+        return self
+
+    @model_validator(mode="after")
     def _accuracy_inputs_need_the_jedc_test(self) -> KSSolveParams:
         for name in ("accuracy_path", "accuracy_distribution"):
             if getattr(self, name) is not None and self.accuracy_test != "jedc":
@@ -242,6 +267,7 @@ class KSSolveResult(ResultModel):
     alm: ALM
     den_haan_error: DenHaanError | None
     iterations: int
+    coarse_iterations: int = Field(default=0, description="outer iterations of the coarse stage (coarse_agents)")
     converged: bool
     warnings: list[str] = Field(
         default_factory=list,

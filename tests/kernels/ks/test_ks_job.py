@@ -144,3 +144,36 @@ def test_cancellation_stops_the_run() -> None:
     progress.cancel()
     with pytest.raises(JobCancelled):
         run_kind(KS_SOLVE, SMALL, local_context(device="cpu", progress=progress))
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"n_agents": 10_000, "coarse_agents": 10_000}, "fewer than n_agents"),
+        ({"n_agents": 10_000, "coarse_agents": 500}, "at least 1,000"),
+        ({"coarse_agents": 2_000, "alm_simulation": "histogram"}, "histogram"),
+        ({"alm_update": "newton"}, "coarse_agents"),
+        ({"alm_update": "broyden"}, "alm_update"),
+    ],
+)
+def test_staged_solve_options_are_checked_at_submission(payload: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        KSSolveParams.model_validate(payload)
+
+
+def test_the_staged_anderson_job_reaches_the_direct_jobs_alm() -> None:
+    # the fast path of large panels (coarse stage, then the full panel, Anderson steps) as a job: the fixed point
+    # of the same map from another ergodic start panel, so equal to the direct solve's up to sampling noise,
+    # which is large at N = 2,000 (test_ks_convergence's staged test measured slopes 5e-3 apart at N = 8,000)
+    base = {**SMALL, "n_agents": 2_000, "tolerance": 1e-4, "policy_tolerance": 1e-7, "max_iterations": 80,
+            "den_haan_periods": 0}
+    direct = run_kind(KS_SOLVE, KSSolveParams.model_validate(base), local_context(device="cpu"))
+    staged = run_kind(KS_SOLVE, KSSolveParams.model_validate({**base, "coarse_agents": 1_000,
+                                                              "alm_update": "anderson"}),
+                      local_context(device="cpu"))
+    assert direct["converged"] and staged["converged"]
+    assert direct["coarse_iterations"] == 0 and staged["coarse_iterations"] >= 1
+    assert staged["iterations"] < direct["iterations"]
+    for state in ("bad", "good"):
+        assert staged["alm"][state]["slope"] == pytest.approx(direct["alm"][state]["slope"], abs=1e-2)
+    assert staged["mean_capital"] == pytest.approx(direct["mean_capital"], rel=3e-2)

@@ -496,6 +496,16 @@ class _DrugSets:
     ptr: np.ndarray
 
 
+def _check_ordered(late_name: str, late: np.ndarray, early_name: str, early: np.ndarray, table: str) -> None:
+    """late >= early row by row; otherwise the count and the first offending row (data rows counted from 1)."""
+    inverted = np.flatnonzero(late < early)
+    if inverted.size:
+        row = int(inverted[0])
+        raise ValueError(f"{late_name} must not precede {early_name}: {inverted.size:,} row(s) of the {table} table, "
+                         f"the first row {row + 1} ({late_name} {int(late[row])} < {early_name} {int(early[row])}, "
+                         "in days)")
+
+
 def _person_data(
     case_id: np.ndarray, observation_start: np.ndarray, observation_end: np.ndarray, event_case: np.ndarray,
     event_day: np.ndarray, exposure_case: np.ndarray, exposure_drug: np.ndarray, exposure_start: np.ndarray,
@@ -507,12 +517,10 @@ def _person_data(
     obs_end = np.asarray(observation_end, dtype=np.int64)
     if _sorted_unique(case_id).size != case_id.size:
         raise ValueError("case_id must be unique (one observation period per case)")
-    if np.any(obs_end < obs_start):
-        raise ValueError("observation_end must not precede observation_start")
+    _check_ordered("observation_end", obs_end, "observation_start", obs_start, "cases")
     exposure_start = np.asarray(exposure_start, dtype=np.int64)
     exposure_end = np.asarray(exposure_end, dtype=np.int64)
-    if np.any(exposure_end < exposure_start):
-        raise ValueError("exposure_end must not precede exposure_start")
+    _check_ordered("exposure_end", exposure_end, "exposure_start", exposure_start, "exposures")
     case_order = np.argsort(case_id, kind="stable")
     sorted_ids = case_id[case_order]
     return _PersonData(

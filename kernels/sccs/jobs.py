@@ -224,6 +224,8 @@ def _coefficients(inputs: _FitInputs, beta: np.ndarray, boot_result: boot.Bootst
             relative_incidence=_relative_incidence(estimate),
             ci_lower=float(boot_result.ci_lower[j]) if boot_result else None,
             ci_upper=float(boot_result.ci_upper[j]) if boot_result else None,
+            relative_incidence_ci_lower=_relative_incidence(float(boot_result.ci_lower[j])) if boot_result else None,
+            relative_incidence_ci_upper=_relative_incidence(float(boot_result.ci_upper[j])) if boot_result else None,
             nonzero_share=float(boot_result.nonzero_share[j]) if boot_result and laplace else None,
         ))
     return coefficients
@@ -293,12 +295,35 @@ def run_fit(params: SccsParams, ctx: RunContext) -> SccsResult:
 # -- person-level data to eras ---------------------------------------------------------------------------
 
 def _day_column(frame: pd.DataFrame, table: str, name: str) -> np.ndarray:
-    """Integer days; dates (datetime64) become days since 1970-01-01."""
-    if name in frame.columns and pd.api.types.is_datetime64_any_dtype(frame[name]):
-        if frame[name].isna().any():
-            raise ValueError(f"{table}.{name} has missing values")
-        return frame[name].to_numpy().astype("datetime64[D]").astype(np.int64)
-    return _column(frame, table, name, integer=True)
+    """Integer days, or dates as days since 1970-01-01: datetime columns (Parquet timestamps), date objects
+    (Parquet date32) and ISO 8601 text (CSV, e.g. 2020-01-31), whose unreadable or missing entries are named
+    by their row (counting data rows from 1)."""
+    if name not in frame.columns:
+        return _column(frame, table, name, integer=True)  # its message names the missing column
+    values = frame[name]
+    if pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        return _column(frame, table, name, integer=True)
+    if not pd.api.types.is_datetime64_any_dtype(values):
+        values = _parse_dates(values, table, name)
+    elif values.isna().any():
+        raise ValueError(f"{table}.{name} has a missing date at row {int(np.flatnonzero(values.isna())[0]) + 1}")
+    if isinstance(values.dtype, pd.DatetimeTZDtype):
+        values = values.dt.tz_convert("UTC").dt.tz_localize(None)
+    return values.to_numpy().astype("datetime64[D]").astype(np.int64)
+
+
+def _parse_dates(values: pd.Series, table: str, name: str) -> pd.Series:
+    """Dates in text or date objects; anything else is refused naming the first row that is not a date."""
+    missing = values.isna().to_numpy()
+    if missing.any():
+        raise ValueError(f"{table}.{name} has a missing value at row {int(np.flatnonzero(missing)[0]) + 1}")
+    parsed = pd.to_datetime(values.astype(str), format="ISO8601", errors="coerce")
+    bad = parsed.isna().to_numpy()
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        shown = str(values.iloc[row])[:40]
+        raise ValueError(f"{table}.{name} must hold day numbers or dates (YYYY-MM-DD); row {row + 1} holds {shown!r}")
+    return parsed
 
 
 def _events_inside(case_id: np.ndarray, obs_start: np.ndarray, obs_end: np.ndarray, event_case: np.ndarray,

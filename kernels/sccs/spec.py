@@ -78,8 +78,16 @@ class Coefficient(ResultPart):
     name: str | None
     estimate: float = Field(description="log relative incidence (MAP)")
     relative_incidence: float = Field(description="exp(estimate)")
-    ci_lower: float | None = Field(default=None, description="2.5% bootstrap percentile of the estimate")
-    ci_upper: float | None = Field(default=None, description="97.5% bootstrap percentile of the estimate")
+    ci_lower: float | None = Field(
+        default=None, description="log scale: 2.5% bootstrap percentile of the estimate (the log relative incidence)"
+    )
+    ci_upper: float | None = Field(default=None, description="log scale: 97.5% bootstrap percentile of the estimate")
+    relative_incidence_ci_lower: float | None = Field(
+        default=None, description="relative-incidence scale: exp(ci_lower), the 95% interval's lower end"
+    )
+    relative_incidence_ci_upper: float | None = Field(
+        default=None, description="relative-incidence scale: exp(ci_upper)"
+    )
     nonzero_share: float | None = Field(default=None, description="share of bootstrap replicates with b != 0 (L1)")
 
 
@@ -92,6 +100,7 @@ class CvPoint(ResultPart):
 
 
 class SccsResult(ResultModel):
+    kind: Literal["sccs_fit"] = "sccs_fit"
     coefficients: list[Coefficient]
     log_likelihood: float = Field(description="conditional Poisson log-likelihood (without the multinomial constant)")
     log_posterior: float = Field(description="log_likelihood + log prior density (with its normalising constants)")
@@ -136,6 +145,7 @@ class SccsErasParams(JobParams):
 
 
 class SccsErasResult(ResultModel):
+    kind: Literal["sccs_eras"] = "sccs_eras"
     n_cases: int
     n_cases_with_events: int = Field(description="cases that sccs_fit will keep")
     n_eras: int = Field(description="rows of the outcomes table (one per case and distinct drug set)")

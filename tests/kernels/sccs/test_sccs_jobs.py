@@ -95,8 +95,12 @@ def test_full_run_result_names_and_artifacts() -> None:
     coefficient = result["coefficients"][0]
     assert coefficient["covariate_id"] == 1 and coefficient["name"] == "drug 1"
     assert coefficient["relative_incidence"] == pytest.approx(math.exp(coefficient["estimate"]))
+    assert result["kind"] == "sccs_fit"
     for c in result["coefficients"]:
         assert c["ci_lower"] <= c["ci_upper"] and 0.0 <= c["nonzero_share"] <= 1.0
+        # the interval on both scales: log (ci_*) and relative incidence (relative_incidence_ci_*)
+        assert c["relative_incidence_ci_lower"] == pytest.approx(math.exp(c["ci_lower"]), rel=1e-15)
+        assert c["relative_incidence_ci_upper"] == pytest.approx(math.exp(c["ci_upper"]), rel=1e-15)
     assert set(progress.artifacts) == {"cv_predictive_log_likelihood", "bootstrap_estimates", "coefficients"}
     assert progress.artifacts["bootstrap_estimates"]["estimates"].shape == (8, 6)
     assert progress.artifacts["cv_predictive_log_likelihood"]["coefficients"].shape == (3, 2, 6)
@@ -285,6 +289,7 @@ def test_eras_kind_builds_the_hand_worked_tables(dates: bool) -> None:
     progress = LocalProgress()
     result = run_eras(params, _person_frames(dates), progress)
     assert result["device"] == "cpu" and set(result["timings"]) == {"eras", "total"}
+    assert result["kind"] == "sccs_eras"
     assert result["n_cases"] == 3 and result["n_cases_with_events"] == 2 and result["n_eras"] == 7
     assert result["events_in_observation"] == 7 and result["events_outside_observation"] == 1
     assert result["n_drugs"] == 2 and result["n_covariate_rows"] == 5
@@ -350,3 +355,80 @@ def test_fit_job_on_the_gpu_equals_numpy() -> None:
 @pytest.mark.gpu
 def test_gpu_warm_up_runs_the_tiny_jobs() -> None:
     jobs.warm_up_fit()  # registered with cuda.on_warm_up: cuda.warm_up() runs it at worker start
+
+
+def _stored_as_uploaded(frame: pd.DataFrame, as_text: bool) -> pd.DataFrame:
+    """The table as the worker reads an upload back: CSV text read by pyarrow (ISO dates become date32) or a
+    Parquet file, written and read as Parquet (store/datasets.py)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+    import pyarrow.parquet as pq
+
+    table = (pa_csv.read_csv(io.BytesIO(frame.to_csv(index=False).encode())) if as_text
+             else pa.Table.from_pandas(frame, preserve_index=False))
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return pd.read_parquet(io.BytesIO(sink.getvalue()))
+
+
+def _as_iso_text(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    out = {}
+    for key, frame in frames.items():
+        frame = frame.copy()
+        for column in frame.columns:
+            if column not in ("caseId", "drugId"):
+                frame[column] = (pd.Timestamp("2020-01-01") + pd.to_timedelta(frame[column], unit="D")).dt.strftime(
+                    "%Y-%m-%d")
+        out[key] = frame
+    return out
+
+
+@pytest.mark.parametrize("as_text", [True, False])
+def test_eras_kind_reads_iso_dates_of_csv_and_parquet_uploads(as_text: bool) -> None:
+    # The issue's failure: a CSV with dates gave "cases.observationStart must be numeric, got dtype object"
+    # (pyarrow reads 2020-01-31 as date32, pandas shows it as date objects). Dates must give the day numbers'
+    # tables: every interval length and event count equal, the days shifted by the epoch offset only.
+    params = {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x", "risk_window_start": 1,
+              "risk_window_end": 2}
+    by_days, by_dates = LocalProgress(), LocalProgress()
+    run_eras(params, _person_frames(False), by_days)
+    iso_frames = _as_iso_text(_person_frames(False))
+    text_frames = {key: _stored_as_uploaded(frame, as_text) for key, frame in iso_frames.items()}
+    assert text_frames["cases_dataset_id"]["observationStart"].dtype == object or not as_text
+    run_eras(params, text_frames, by_dates)
+    for name in ("outcomes", "covariates"):
+        pd.testing.assert_frame_equal(by_dates.artifacts[name], by_days.artifacts[name])
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value", "message"),
+    [
+        ("cases_dataset_id", "observationEnd", "2020-02-30", r"cases.observationEnd must hold day numbers or dates "
+                                                             r"\(YYYY-MM-DD\); row 2 holds '2020-02-30'"),
+        ("events_dataset_id", "day", "soon", r"events.day must hold day numbers or dates.*row 2 holds 'soon'"),
+        ("exposures_dataset_id", "end", None, r"exposures.end has a missing value at row 2"),
+    ],
+)
+def test_unreadable_dates_are_named_by_row(table: str, column: str, value: object, message: str) -> None:
+    frames = _as_iso_text(_person_frames(False))
+    frames[table] = frames[table].astype({column: object})
+    frames[table].loc[1, column] = value
+    params = {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x"}
+    with pytest.raises(ValueError, match=message):
+        run_eras(params, frames, LocalProgress())
+
+
+def test_inverted_periods_are_named_by_row() -> None:
+    frames = _person_frames(False)
+    frames["exposures_dataset_id"].loc[2, "end"] = 80  # case 2's exposure [90, 80]
+    params = {"cases_dataset_id": "c", "events_dataset_id": "e", "exposures_dataset_id": "x"}
+    with pytest.raises(ValueError, match=r"exposure_end must not precede exposure_start: 1 row\(s\) of the "
+                                         r"exposures table, the first row 3 \(exposure_end 80 < exposure_start 90"):
+        run_eras(params, frames, LocalProgress())
+    frames = _person_frames(False)
+    frames["cases_dataset_id"].loc[1, "observationEnd"] = 50
+    with pytest.raises(ValueError, match=r"observation_end must not precede observation_start: 1 row\(s\) of the "
+                                         r"cases table, the first row 2"):
+        run_eras(params, frames, LocalProgress())

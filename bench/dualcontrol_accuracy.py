@@ -7,7 +7,7 @@ exact-state value (one Bellman step at the state), the grid value interpolated t
 before), the Richardson-type error estimate, and the simulated cost of each policy from that state (common
 random numbers, inert control variate; the optimal control is the one-step minimiser at every simulated
 state). Numerics modules only (no pydantic), so it runs on the bare GPU machine; the solves run on
-``--device``, the reports and the simulation on the host.
+``--device``, the reports on the host, the simulation on ``--device`` (as the job).
 
 Cases: ``issue13`` is the issue's model (gamma 0.9, omega 0.1, sigma_eps 1, delta 0.95, the rest 0) on
 x in [-15, 15], mu in [-3, 3], Sigma in [0.01, 2]; ``default`` the spec's defaults.
@@ -109,14 +109,15 @@ def solve_policy(xp: Any, model: ModelParams, grid: StateGrid, policy: str, stat
     }
 
 
-def simulate(model: ModelParams, solved: dict[str, dict], states: np.ndarray, args) -> Any:
+def simulate(xp: Any, model: ModelParams, solved: dict[str, dict], states: np.ndarray, args) -> Any:
+    """The Monte Carlo on ``--device`` (as the job runs it)."""
     controls, tails = {}, {}
     for name, run in solved.items():
         solution = run["solution"]
-        evaluator = StateEvaluator(model, solution.grid, to_host(solution.value), args.nodes, args.interpolation)
-        controls[name], tails[name] = simulation_rules(model, name, evaluator, to_host(solution.policy))
+        evaluator = StateEvaluator(model, solution.grid, solution.value, args.nodes, args.interpolation, xp)
+        controls[name], tails[name] = simulation_rules(model, name, evaluator, solution.policy)
     horizon = args.horizon or horizon_for(model.delta)
-    return simulate_costs(model, states, controls, tails, args.paths, horizon, args.seed, np)
+    return simulate_costs(model, states, controls, tails, args.paths, horizon, args.seed, xp)
 
 
 def main() -> None:
@@ -134,11 +135,13 @@ def main() -> None:
     parser.add_argument("--horizon", type=int, default=0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--states", type=json.loads, default=None,
+                        help="report states as JSON, e.g. '[[0, 1, 0.25], [5, -1, 0.1]]' (default: the case's)")
     args = parser.parse_args()
 
     xp = get_namespace(args.device)
     case = CASES[args.case]
-    model, states = case["model"], np.asarray(case["states"], dtype=np.float64)
+    model, states = case["model"], np.asarray(args.states or case["states"], dtype=np.float64)
     print(
         f"device: {device_label(xp)}; case {args.case}; interpolation {args.interpolation}; "
         f"mu node at 0: {args.mu_node}; concentration {args.concentration} (mu: {args.mu_concentration})"
@@ -148,12 +151,15 @@ def main() -> None:
         shape = parse_shape(text)
         grid = build_grid(case, shape, args)
         solved = {p: solve_policy(xp, model, grid, p, states, args) for p in args.policies}
-        sim = simulate(model, solved, states, args) if args.paths else None
+        start = time.perf_counter()
+        sim = simulate(xp, model, solved, states, args) if args.paths else None
+        sim_seconds = time.perf_counter() - start
         for i, state in enumerate(states):
             row: dict[str, Any] = {
                 "shape": list(shape),
                 "state": state.tolist(),
                 "V0": float(inert_value(model, state[0])),
+                "simulation_seconds": round(sim_seconds, 2),
             }
             for policy, run in solved.items():
                 finest = run["reports"][0]

@@ -169,20 +169,21 @@ def _optional(values: np.ndarray | None, i: int) -> float | None:
 
 
 def _simulate(
-    params: DualControlParams, model: ModelParams, runs: dict[str, _PolicyRun], states: np.ndarray
+    params: DualControlParams, model: ModelParams, runs: dict[str, _PolicyRun], states: np.ndarray, xp: Any
 ) -> SimulationReport:
     """Monte Carlo of every solved policy (the main one and the myopic companion) from the report states,
-    each with its control at the exact simulated states and its finest grid value for the tail."""
+    each with its control at the exact simulated states and its finest grid value for the tail; on the job's
+    device (the optimal control is a one-step minimisation at paths x states points every period)."""
     spec = params.simulation
     assert spec is not None
     controls, tails = {}, {}
     for name, run in runs.items():
         assert run.solution is not None
-        grid, values = run.solution.grid, to_host(run.solution.value).astype(np.float64)
-        evaluator = StateEvaluator(model, grid, values, params.quadrature_nodes, params.interpolation)
-        controls[name], tails[name] = simulation_rules(model, name, evaluator, to_host(run.solution.policy))
+        evaluator = StateEvaluator(model, run.solution.grid, run.solution.value, params.quadrature_nodes,
+                                   params.interpolation, xp)
+        controls[name], tails[name] = simulation_rules(model, name, evaluator, run.solution.policy)
     horizon = spec.horizon if spec.horizon is not None else horizon_for(model.delta)
-    result = simulate_costs(model, states, controls, tails, spec.paths, horizon, spec.seed, np)
+    result = simulate_costs(model, states, controls, tails, spec.paths, horizon, spec.seed, xp)
     voe = result.differences.get(("myopic", "optimal"))
     return SimulationReport(
         paths=spec.paths,
@@ -276,7 +277,8 @@ def run_solve(params: DualControlParams, ctx: RunContext) -> DualControlResult:
     if params.simulation is not None:
         with ctx.stage("simulation"):
             ctx.progress(0.95 - simulate_share, "simulating the policies' costs")
-            simulation = _simulate(params, model, {r.policy: r for r in (main, myopic) if r is not None}, states)
+            simulation = _simulate(params, model, {r.policy: r for r in (main, myopic) if r is not None}, states,
+                                   ctx.xp)
 
     with ctx.stage("report"):
         shapes = [grid.shape, *halved_shapes(grid.shape, _ERROR_GRIDS, _SMALLEST_ERROR_AXIS)]

@@ -45,27 +45,30 @@ class ExactReport:
 
 
 class StateEvaluator:
-    """``Q(u; S, V)`` at arbitrary states for one solved grid function V (host NumPy, float64)."""
+    """``Q(u; S, V)`` at arbitrary states for one solved grid function V (float64 on ``xp``: host NumPy for the
+    reports, the job's device for the Monte Carlo, whose states number paths x report states per period)."""
 
     def __init__(
         self,
         model: ModelParams,
         grid: StateGrid,
-        values: np.ndarray,
+        values: Any,
         quadrature_nodes: int,
         interpolation: Interpolation = "trilinear",
+        xp: Any = np,
     ) -> None:
-        self.model, self.grid = model, grid
-        self.values = np.ascontiguousarray(values, dtype=np.float64)
-        self.operator = ArrayBellman(model, grid, quadrature_nodes, np, interpolation=interpolation)
-        self.nodes = grid.node_arrays(np)
+        self.model, self.grid, self.xp = model, grid, xp
+        self.values = xp.ascontiguousarray(xp.asarray(values, dtype=xp.float64))
+        self.operator = ArrayBellman(model, grid, quadrature_nodes, xp, interpolation=interpolation)
+        self.nodes = grid.node_arrays(xp)
 
-    def interpolate(self, array: np.ndarray, x: Any, mu: Any, sigma: Any, value: bool) -> np.ndarray:
+    def interpolate(self, array: Any, x: Any, mu: Any, sigma: Any, value: bool) -> Any:
         """A grid array at the states; ``value`` arrays use the operator's baseline (residual interpolation)."""
-        array = np.asarray(array, dtype=np.float64)
+        # the stored values themselves (not a copy) so that the operator's curvature cache hits
+        array = array if array is self.values else self.xp.asarray(array, dtype=self.xp.float64)
         baseline = self.operator.baseline if value else None
         curvature = self.operator.curvature(array) if value else None
-        return interpolate(array, self.grid, self.nodes, x, mu, sigma, np, baseline, curvature)
+        return interpolate(array, self.grid, self.nodes, x, mu, sigma, self.xp, baseline, curvature)
 
     def q(self, x: np.ndarray, mu: np.ndarray, sigma: np.ndarray, u: np.ndarray) -> np.ndarray:
         return self.operator.q_at_points(self.values, x, mu, sigma, u)
@@ -81,12 +84,13 @@ class StateEvaluator:
         """(argmin, min) of ``Q(u; S, V)`` at each state: the grid-wide search (bracket by the inert bounds,
         myopic start, scan, golden section, safeguard) run at exact states, in chunks of states (the
         simulation passes paths x report states at once) so that the (states x nodes) temporaries stay bounded."""
-        controls, values = np.empty_like(x), np.empty_like(x)
+        xp = self.xp
+        controls, values = xp.empty_like(x), xp.empty_like(x)
         for start in range(0, x.size, self.operator.chunk):
             part = slice(start, start + self.operator.chunk)
             xs, mus, ss = x[part], mu[part], sigma[part]
-            upper = np.maximum(inert_value(self.model, xs), self.interpolate(self.values, xs, mus, ss, value=True))
-            lo, hi = inert_bounds(self.model, xs, mus, ss, upper, np)
+            upper = xp.maximum(inert_value(self.model, xs), self.interpolate(self.values, xs, mus, ss, value=True))
+            lo, hi = inert_bounds(self.model, xs, mus, ss, upper, xp)
             starts = [myopic_policy(self.model, xs, mus, ss), *(s[part] for s in extra_starts)]
             controls[part], values[part] = golden_section_minimise(
                 lambda u, xs=xs, mus=mus, ss=ss: self.q(xs, mus, ss, u),
@@ -95,14 +99,14 @@ class StateEvaluator:
                 starts,
                 minimiser.scan_points,
                 minimiser.golden_iterations,
-                np,
+                xp,
             )
         return controls, values
 
     def control(self, policy: str, x: np.ndarray, mu: np.ndarray, sigma: np.ndarray, grid_policy: Any) -> np.ndarray:
         """The policy's control at exact states (for ``optimal``: the one-step minimiser)."""
         if policy == "inert":
-            return np.zeros_like(x)
+            return self.xp.zeros_like(x)
         if policy == "myopic":
             return myopic_policy(self.model, x, mu, sigma)
         starts = [] if grid_policy is None else [self.interpolate(grid_policy, x, mu, sigma, value=False)]
@@ -183,7 +187,7 @@ def simulation_rules(model: ModelParams, policy: str, evaluator: StateEvaluator,
             return evaluator.minimise(x, mu, s, [start], SIMULATION_MINIMISER)[0]
         if policy == "myopic":
             return myopic_policy(model, x, mu, s)
-        return np.zeros_like(x)
+        return evaluator.xp.zeros_like(x)
 
     return control, tail
 

@@ -64,7 +64,7 @@ def _settings(params: KSSolveParams) -> SolveSettings:
     return SolveSettings(
         n_agents=params.n_agents, periods=params.periods, burn_in=params.burn_in, tolerance=params.tolerance,
         damping=params.damping, max_iterations=params.max_iterations, interpolation=params.interpolation,
-        alm_update=params.alm_update, coarse_agents=params.coarse_agents,
+        alm_update=params.alm_update, coarse_agents=params.coarse_agents, panel_gpus=params.gpus,
         precision=params.precision, seed=params.seed,
         policy=PolicySettings(params.policy_tolerance, policy_damping(params), params.policy_max_iterations,
                               method=params.policy_method),

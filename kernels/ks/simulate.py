@@ -138,8 +138,8 @@ _PANEL_SOURCE = cuda.kernel_source(__file__, "simulate.cu", headers=[cuda.PHILOX
                                    warm_up=[panel_defines(np.float64), panel_defines(np.float32)])
 
 
-def _panel_kernel(dtype: Any) -> Any:
-    return cuda.function(_PANEL_SOURCE, "ks_panel_step", defines=panel_defines(dtype))
+def _panel_kernel(dtype: Any, name: str = "ks_panel_step") -> Any:
+    return cuda.function(_PANEL_SOURCE, name, defines=panel_defines(dtype))
 
 
 class CudaPanel:
@@ -254,3 +254,108 @@ class CudaPanel:
             checkpoint(period)  # type: ignore[misc]
         # copies on the caller's stream: the next simulate (ordered after them) may overwrite the buffers
         return PanelResult(to_host(self.capital_path[: self.periods]), self.k.copy(), self.employed.copy())
+
+
+@dataclass
+class _Slice:
+    """One device's agents of a :class:`MultiGpuPanel`: panel agents ``first .. first + n - 1``."""
+
+    device: int
+    first: int
+    n: int
+    blocks: int
+    kernel: Any
+    table: Any
+    k_nodes: Any
+    k: Any
+    employed: Any
+    slice_sum: Any
+    partial: Any
+    ticket: Any
+
+
+class MultiGpuPanel:
+    """One panel spread over several GPUs of the host (issue 19): the agents in contiguous slices, one per
+    device, each moved by ``ks_panel_slice_step`` (the single-device kernel's agent loop and block sums) with
+    the single-device panel's Philox counters, so every agent draws the same numbers whatever the split. Per
+    period the host launches every slice, reads each slice's sum (8 bytes per device) and adds them in device
+    order: K_{t+1} is the single-device K up to the summation order (1e-16 relative), and the same for a given
+    split on every run. The host round trip (tens of microseconds a period) is why this pays only at large N.
+
+    Same interface as :class:`CudaPanel`: fixed configuration at construction, :meth:`simulate` per call; the
+    inputs and the returned final panel live on the caller's device.
+    """
+
+    def __init__(self, xp: ModuleType, cal: Calibration, grids: Grids, method: Method, dtype: Any, n_agents: int,
+                 a_path: np.ndarray, seed: int, stream: int = STREAM_IDIOSYNCRATIC,
+                 devices: tuple[int, ...] = (0, 1), checkpoint_every: int = 100) -> None:
+        if len(devices) < 2 or len(set(devices)) != len(devices):
+            raise ValueError(f"a multi-GPU panel needs two or more distinct devices, not {devices}")
+        available = xp.cuda.runtime.getDeviceCount()
+        if max(devices) >= available or min(devices) < 0:
+            raise ValueError(f"the panel asks for GPUs {list(devices)} but this worker sees {available}")
+        if n_agents < 1_000 * len(devices):
+            raise ValueError(f"{n_agents:,} agents are too few to spread over {len(devices)} GPUs")
+        self.xp, self.grids, self.dtype = xp, grids, np.dtype(dtype)
+        self.n, self.periods, self.checkpoint_every = int(n_agents), len(a_path) - 1, checkpoint_every
+        self.shared_bytes = 3 * grids.k_size * self.dtype.itemsize
+        emp_prob = conditional_employment(cal)
+        self._grid = grid_args(grids, self.dtype)
+        self._code = np.int32(method_code(method))
+        self._period = [(np.int32(t), np.int32(a_path[t]), np.float64(emp_prob[a_path[t], a_path[t + 1], 0]),
+                         np.float64(emp_prob[a_path[t], a_path[t + 1], 1])) for t in range(self.periods)]
+        self._seed, self._stream = np.uint64(seed), np.uint64(stream)
+        bounds = [self.n * i // len(devices) for i in range(len(devices) + 1)]
+        self.slices: list[_Slice] = []
+        for device, first, stop in zip(devices, bounds[:-1], bounds[1:], strict=True):
+            with xp.cuda.Device(device):
+                n = stop - first
+                blocks = min((n + _THREADS - 1) // _THREADS, _MAX_BLOCKS)
+                self.slices.append(_Slice(
+                    device=device, first=first, n=n, blocks=blocks,
+                    kernel=_panel_kernel(self.dtype, "ks_panel_slice_step"),
+                    table=xp.zeros((4, grids.k_size, grids.K_size), dtype=self.dtype),
+                    k_nodes=xp.asarray(grids.k, dtype=self.dtype), k=xp.zeros(n, dtype=self.dtype),
+                    employed=xp.zeros(n, dtype=xp.uint8), slice_sum=xp.zeros(self.periods + 1, dtype=xp.float64),
+                    partial=xp.zeros(blocks, dtype=xp.float64), ticket=xp.zeros(1, dtype=xp.uint32),
+                ))
+
+    def _launch(self, piece: _Slice, t: int, capital: float) -> None:
+        period, a_now, p_unemployed, p_employed = self._period[t]
+        piece.kernel((piece.blocks,), (_THREADS,), (
+            piece.table, piece.k_nodes, piece.k, piece.employed, piece.slice_sum, piece.partial, piece.ticket,
+            np.int64(piece.n), np.int64(piece.first), np.int64(self.n), np.float64(capital), period, a_now,
+            p_unemployed, p_employed, self._seed, self._stream, *self._grid, self._code,
+        ), shared_mem=self.shared_bytes)
+
+    def simulate(self, policy: Any, k0: Any, employed0: Any, checkpoint: Checkpoint | None = None) -> PanelResult:
+        """As :func:`simulate_panel` for this configuration (up to the summation order of K)."""
+        xp = self.xp
+        if k0.shape != (self.n,) or np.dtype(k0.dtype) != self.dtype:
+            raise ValueError(f"k0 must be {self.dtype} of shape ({self.n},), not {k0.dtype} {k0.shape}")
+        home = xp.cuda.Device()
+        table = xp.asarray(policy, dtype=self.dtype).reshape(4, self.grids.k_size, self.grids.K_size)
+        capital = float(np.clip(float(xp.mean(k0, dtype=xp.float64)), self.grids.K_min, self.grids.K_max))
+        home.synchronize()
+        for piece in self.slices:
+            with xp.cuda.Device(piece.device):  # ndarray.copy() copies onto the current device
+                piece.table[...] = table.copy()
+                piece.k[...] = k0[piece.first: piece.first + piece.n].copy()
+                piece.employed[...] = employed0[piece.first: piece.first + piece.n].copy()
+        path = np.empty(self.periods)
+        for t in range(self.periods):
+            path[t] = capital
+            for piece in self.slices:  # every device starts its slice before the host waits for any
+                with xp.cuda.Device(piece.device):
+                    self._launch(piece, t, capital)
+            total = 0.0
+            for piece in self.slices:  # in device order: the same sum on every run
+                with xp.cuda.Device(piece.device):
+                    total += float(piece.slice_sum[t + 1])
+            capital = float(np.clip(total / self.n, self.grids.K_min, self.grids.K_max))
+            if checkpoint is not None and (t + 1) % self.checkpoint_every == 0:
+                checkpoint(t + 1)
+        with home:
+            k = xp.concatenate([piece.k.copy() for piece in self.slices])
+            employed = xp.concatenate([piece.employed.copy() for piece in self.slices])
+        return PanelResult(path, k, employed)

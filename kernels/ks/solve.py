@@ -31,6 +31,7 @@ from kernels.ks.simulate import (
     STREAM_TEST_AGGREGATE,
     STREAM_TEST_IDIOSYNCRATIC,
     CudaPanel,
+    MultiGpuPanel,
     aggregate_path,
     initial_employment,
     simulate_panel,
@@ -53,6 +54,7 @@ class SolveSettings:
     den_haan_periods: int | None = None  # None: as many as ``periods``; 0 skips the test; else >= 10
     initial_alm: tuple[float, float, float, float] = (0.0, 1.0, 0.0, 1.0)  # MMV / Algorithm A.1 start
     panel_graph: bool = True  # GPU: replay the panel's period loop as captured CUDA graphs (same bits)
+    panel_gpus: int = 1  # > 1: the full panel spread over GPUs 0 .. panel_gpus - 1 of the host (MultiGpuPanel)
     alm_update: str = "damped"  # "damped": B <- damping B_new + (1 - damping) B; "anderson": see AndersonUpdate
     # > 0 and < n_agents: first solve on a panel of this many agents (to tolerance coarse_tolerance), then start
     # the full panel from its ALM, policy and final distribution (tiled); the full panel's first final
@@ -427,6 +429,9 @@ def solve(
         raise ValueError("coarse_agents stages the panel: it has no meaning with alm_simulation 'histogram'")
     if settings.alm_update not in ALM_UPDATES:
         raise ValueError(f"alm_update must be one of {', '.join(ALM_UPDATES)}, not {settings.alm_update!r}")
+    if settings.panel_gpus > 1 and (histogram or is_numpy(xp)):
+        raise ValueError(f"gpus = {settings.panel_gpus} spreads the panel over GPUs: it needs a GPU worker and "
+                         "alm_simulation 'panel'")
     newton = settings.alm_update == "newton"
     if newton and not 0 < settings.coarse_agents < settings.n_agents:
         alm_updater(settings)  # raises: Newton's Jacobian comes from the coarse stage
@@ -436,7 +441,7 @@ def solve(
         # only refines the ALM (its start held fixed, so every full iteration evaluates one map). For "newton" the
         # coarse stage runs Anderson and then estimates the map's Jacobian on its panel (coarse simulations cost
         # N_coarse / N of a full one); the full panel takes quasi-Newton steps with it
-        coarse = solve(xp, cal, grids, replace(settings, n_agents=settings.coarse_agents, coarse_agents=0,
+        coarse = solve(xp, cal, grids, replace(settings, n_agents=settings.coarse_agents, coarse_agents=0, panel_gpus=1,
                                                 tolerance=max(settings.coarse_tolerance, settings.tolerance),
                                                 den_haan_periods=0, alm_update="anderson" if newton
                                                 else settings.alm_update),
@@ -457,8 +462,11 @@ def solve(
             e_start = xp.tile(coarse.final_employed, reps)[: settings.n_agents].copy()
         # the outer loop simulates the same configuration (N, shock path, seed) every iteration: one engine,
         # its buffers and captured loop reused, the new policy and start panel copied in place
-        engine = None
-        if on_device and not histogram:
+        engine: CudaPanel | MultiGpuPanel | None = None
+        if on_device and not histogram and settings.panel_gpus > 1:
+            engine = MultiGpuPanel(xp, cal, grids, settings.interpolation, k_start.dtype, settings.n_agents, a_path,
+                                   settings.seed, STREAM_IDIOSYNCRATIC, tuple(range(settings.panel_gpus)))
+        elif on_device and not histogram:
             engine = CudaPanel(xp, cal, grids, settings.interpolation, k_start.dtype, settings.n_agents, a_path,
                                settings.seed, STREAM_IDIOSYNCRATIC, use_graph=settings.panel_graph)
     alm = np.array(settings.initial_alm if coarse is None else coarse.alm, dtype=np.float64)
@@ -547,7 +555,7 @@ def solve(
         raise ValueError(edge.message)
     jacobian_estimate = None
     if estimate_jacobian and not histogram:
-        def evaluate_map(point: np.ndarray, engine: CudaPanel | None = engine) -> np.ndarray:
+        def evaluate_map(point: np.ndarray, engine: CudaPanel | MultiGpuPanel | None = engine) -> np.ndarray:
             """F(point): the policy for ``point`` (warm from the last one), the panel from the fixed start, the
             regression."""
             solved = solve_policy(xp, problem, point, policy, settings.policy, use_kernel=on_device)
@@ -573,7 +581,7 @@ def solve(
         warnings.append(top_problem)
     solution = Solution(last_alm, regressions, iteration, converged, change, policy, capital_path, a_path,
                         policy_iterations, history=history,
-                        panel_graph=engine is not None and engine.graph_used, warnings=warnings,
+                        panel_graph=isinstance(engine, CudaPanel) and engine.graph_used, warnings=warnings,
                         final_k=None if panel is None else panel.k,
                         final_employed=None if panel is None else panel.employed,
                         final_distribution=None if hist is None else hist.distribution,

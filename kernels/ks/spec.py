@@ -110,6 +110,12 @@ class KSSolveParams(JobParams):
         "acceleration of the same map, fewer iterations), newton (quasi-Newton with the coarse stage's Jacobian: "
         "needs coarse_agents) (docs/ks.md)",
     )
+    gpus: int = Field(
+        default=1, ge=1, le=16,
+        description="GPUs of the worker's host the full panel is spread over (agents in slices, K summed on the "
+        "host each period: pays at tens of millions of agents); more than 1 needs a GPU worker with that many "
+        "devices and alm_simulation 'panel' (docs/ks.md)",
+    )
     coarse_agents: int = Field(
         default=0, ge=0, le=200_000_000,
         description="0: off; otherwise solve first on a panel of this many agents (1,000 or more, fewer than "

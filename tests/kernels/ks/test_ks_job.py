@@ -177,3 +177,11 @@ def test_the_staged_anderson_job_reaches_the_direct_jobs_alm() -> None:
     for state in ("bad", "good"):
         assert staged["alm"][state]["slope"] == pytest.approx(direct["alm"][state]["slope"], abs=1e-2)
     assert staged["mean_capital"] == pytest.approx(direct["mean_capital"], rel=3e-2)
+
+
+def test_a_panel_over_several_gpus_on_a_cpu_worker_fails_naming_the_field() -> None:
+    params = KSSolveParams.model_validate({**SMALL, "gpus": 2})
+    with pytest.raises(ValueError, match="gpus = 2 spreads the panel over GPUs: it needs a GPU worker"):
+        run_kind(KS_SOLVE, params, local_context(device="cpu"))
+    with pytest.raises(ValidationError, match="gpus"):
+        KSSolveParams.model_validate({"gpus": 0})

@@ -40,6 +40,7 @@ DATABASE_OUTAGE_SECONDS = 4.0
 BROKER_OUTAGE_SECONDS = 3.0
 TERMINATION_STORM_SECONDS = 1.5
 JOB_TIMEOUT_SECONDS = 120.0
+LOG_CATCH_UP_SECONDS = 10.0  # the worker's "job finished" line follows the commit the status poll sees
 DATABASE = "gpuest_faults"
 
 _outcomes: dict[str, dict[str, Any]] = {}
@@ -99,8 +100,14 @@ def settle(
 ) -> dict[str, Any]:
     """Wait for the jobs, record the fault's outcome (before asserting, so a failure is recorded too)."""
     states = wait_terminal(client, job_ids, JOB_TIMEOUT_SECONDS)
-    runs = stack.finished_runs(job_ids)
     succeeded = [job_id for job_id in job_ids if states.get(job_id, {}).get("status") == "succeeded"]
+    # The worker logs "job finished" just after the commit that the status poll sees: give its log a moment
+    # to catch up before counting (CI once read it first: "recorded as finished 0 times" for a success).
+    deadline = time.monotonic() + LOG_CATCH_UP_SECONDS
+    runs = stack.finished_runs(job_ids)
+    while any(runs[job_id] == 0 for job_id in succeeded) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        runs = stack.finished_runs(job_ids)
     same = [job_id for job_id in succeeded
             if comparable(client.get(f"/v1/jobs/{job_id}/result").json()) == undisturbed]
     outcome = {

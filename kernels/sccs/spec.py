@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -10,6 +11,32 @@ from kernels.spec import JobParams, ResultModel, ResultPart
 
 DEFAULT_CV_SEED = 20130411
 DEFAULT_BOOTSTRAP_SEED = 20130412
+
+
+# The columns each table must have (as the runners read them: kernels/sccs/jobs.py); checked at submission
+# against the stored datasets' schemas, so a missing column is a 422 naming the field, not a failed job.
+FIT_COLUMNS = {
+    "outcomes_dataset_id": ("rowId", "stratumId", "time", "y"),
+    "covariates_dataset_id": ("rowId", "covariateId"),  # covariateValue is optional (default 1)
+    "names_dataset_id": ("covariateId", "covariateName"),
+}
+ERAS_COLUMNS = {
+    "cases_dataset_id": ("caseId", "observationStart", "observationEnd"),
+    "events_dataset_id": ("caseId", "day"),
+    "exposures_dataset_id": ("caseId", "drugId", "start", "end"),
+}
+
+
+def missing_columns(required: Mapping[str, tuple[str, ...]],
+                    columns: Mapping[str, Collection[str]]) -> list[tuple[str, str]]:
+    """(dataset field, message) for each stored dataset that lacks a column its table needs."""
+    problems = []
+    for field, have in columns.items():
+        lacking = [name for name in required.get(field, ()) if name not in have]
+        if lacking:
+            problems.append((field, f"the dataset lacks column(s) {', '.join(map(repr, lacking))} "
+                                    f"(needs {', '.join(required[field])}; has {', '.join(list(have)[:10])})"))
+    return problems
 
 
 class _Section(BaseModel):
@@ -71,6 +98,9 @@ class SccsParams(JobParams):
     precision: Literal["float64", "float32"] = Field(
         default="float64", description="dtype of the per-era state (reductions accumulate in float64)"
     )
+
+    def dataset_column_problems(self, columns: Mapping[str, Collection[str]]) -> list[tuple[str, str]]:
+        return missing_columns(FIT_COLUMNS, columns)
 
 
 class Coefficient(ResultPart):
@@ -142,6 +172,9 @@ class SccsErasParams(JobParams):
     end_anchor: Literal["exposure_end", "exposure_start"] = Field(
         default="exposure_end", description="what risk_window_end counts from (SCCS' endAnchor)"
     )
+
+    def dataset_column_problems(self, columns: Mapping[str, Collection[str]]) -> list[tuple[str, str]]:
+        return missing_columns(ERAS_COLUMNS, columns)
 
 
 class SccsErasResult(ResultModel):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
@@ -60,16 +61,40 @@ def print_json(value: Any) -> None:
     out.print_json(json.dumps(value))
 
 
+# Exit code of a spec file that cannot be used (missing, unreadable, not a {kind, params} object): distinct from
+# 2 (the job failed) and 3 (cancelled), which --wait reports, and from 1 (the API refused the request).
+EXIT_BAD_SPEC_FILE = 4
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: ``1e-4`` and ``5E3`` are numbers (YAML 1.1, PyYAML's
+    default, wants a dot in the mantissa and reads them as strings, which a numeric field then refuses)."""
+
+
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 def load_spec(path: Path) -> dict[str, Any]:
-    """A job spec file: the create body ``{kind, params}``, JSON for ``.json`` files, YAML otherwise."""
+    """A job spec file: the create body ``{kind, params}``, JSON for ``.json`` files, YAML (1.2 numbers)
+    otherwise. A file that cannot be used ends the command with :data:`EXIT_BAD_SPEC_FILE`."""
     try:
         text = path.read_text()
-        spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        # _Yaml12Loader is a SafeLoader: no Python tags
+        spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.load(text, Loader=_Yaml12Loader)
     except (OSError, ValueError, yaml.YAMLError) as error:
-        raise typer.BadParameter(f"cannot read {path}: {error}") from error
+        _bad_spec_file(f"cannot read {path}: {error}")
     if not isinstance(spec, dict) or "kind" not in spec:
-        raise typer.BadParameter(f"{path} must hold an object with 'kind' and 'params'")
+        _bad_spec_file(f"{path} must hold an object with 'kind' and 'params'")
     return spec
+
+
+def _bad_spec_file(message: str) -> NoReturn:
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    raise typer.Exit(EXIT_BAD_SPEC_FILE)
 
 
 def job_line(job: Job) -> str:
@@ -128,7 +153,8 @@ def submit(
     url: UrlOption = DEFAULT_URL,
     api_key: KeyOption = None,
 ) -> None:
-    """Submit a job; prints its id. With --wait, follows it and exits 0 if it succeeded, 2 failed, 3 cancelled."""
+    """Submit a job; prints its id. With --wait, follows it and exits 0 if it succeeded, 2 failed, 3 cancelled;
+    1 if the API refused the request, 4 if the spec file cannot be used."""
     spec = load_spec(spec_file)
     with api_client(url, api_key) as client:
         job = client.submit(spec["kind"], spec.get("params") or {}, idempotency_key or str(uuid.uuid4()))

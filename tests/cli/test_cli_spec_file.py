@@ -1,0 +1,50 @@
+"""The spec file of ``gpuest submit``: YAML read with YAML 1.2's numbers, and a file that cannot be used ends the
+command with its own exit code (4), not 2, which means "the job failed" (issue 16). No server needed: the file is
+read before any request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import EXIT_BAD_SPEC_FILE, app, load_spec
+
+
+def test_yaml_exponent_floats_are_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text("kind: ks_solve\nparams:\n  tolerance: 1e-4\n  policy_tolerance: 5E-9\n  damping: .3\n"
+                    "  n_agents: 20000\n  note: '1e-4'\n  label: 1e\n")
+    params = load_spec(path)["params"]
+    assert params["tolerance"] == 1e-4 and isinstance(params["tolerance"], float)
+    assert params["policy_tolerance"] == 5e-9 and params["damping"] == 0.3
+    assert params["n_agents"] == 20000 and isinstance(params["n_agents"], int)
+    assert params["note"] == "1e-4" and params["label"] == "1e"  # quoted, or not a number: strings still
+
+
+def test_yaml_loader_stays_safe(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text("kind: !!python/object/apply:os.system ['true']\n")
+    result = CliRunner().invoke(app, ["submit", str(path), "--url", "http://127.0.0.1:9"])
+    assert result.exit_code == EXIT_BAD_SPEC_FILE == 4
+    assert "cannot read" in result.output
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        ("nope.yaml", None, "cannot read"),
+        ("list.yaml", "- 1\n- 2\n", "must hold an object with 'kind' and 'params'"),
+        ("broken.json", "{\"kind\": ", "cannot read"),
+    ],
+)
+def test_an_unusable_spec_file_exits_4_before_any_request(tmp_path: Path, name: str, text: str | None,
+                                                          says: str) -> None:
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    # a URL nothing listens on: the command must stop at the file, not at the connection (exit 1)
+    result = CliRunner().invoke(app, ["submit", str(path), "--url", "http://127.0.0.1:9"])
+    assert result.exit_code == EXIT_BAD_SPEC_FILE, result.output
+    assert says in result.output

@@ -148,13 +148,62 @@ def _field_path(location: Sequence[Any], kind_tags: Iterable[str]) -> tuple[str,
     tags = set(kind_tags)
     if where == "body" and parts and parts[0] in tags:
         parts.pop(0)
+    # A union's alternatives appear in the location as pydantic's type tags (``list[constrained-float]``,
+    # ``literal['auto']``, ``function-after[...]``): no user wrote such a key, and fields are identifiers.
+    # (Body only: header names such as Idempotency-Key are no identifiers.)
+    if where == "body":
+        parts = [part for part in parts if not _is_union_branch(part)]
     return where, ".".join(str(part) for part in parts)
+
+
+def _is_union_branch(part: Any) -> bool:
+    return isinstance(part, str) and not part.isidentifier()
+
+
+def _union_branch(location: Sequence[Any]) -> tuple[tuple[Any, ...], str, bool] | None:
+    """(the location before the union, the alternative's tag, whether the error lies inside the alternative's
+    value) for an error of one alternative of a union in the body; None otherwise."""
+    if not location or location[0] != "body":
+        return None
+    for index, part in enumerate(location):
+        if index and _is_union_branch(part):
+            return tuple(location[:index]), str(part), index + 1 < len(location)
+    return None
+
+
+def _drop_other_alternatives(raw_errors: Sequence[Any]) -> list[Any]:
+    """Where a value matched one alternative of a union in shape (its errors lie inside the value, e.g. an
+    element of a list), the other alternatives' errors (``Input should be 'auto'``) are noise: dropped."""
+    matched = {branch[:2] for raw in raw_errors if (branch := _union_branch(raw.get("loc", ()))) and branch[2]}
+    matched_bases = {base for base, _ in matched}
+    kept = []
+    for raw in raw_errors:
+        branch = _union_branch(raw.get("loc", ()))
+        if branch is not None and branch[0] in matched_bases and branch[:2] not in matched:
+            continue
+        kept.append(raw)
+    return kept
+
+
+def _merge_alternatives(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One error per field: a value that matches none of a union's alternatives gave one error per
+    alternative; their messages are joined ("Input should be a valid list, or Input should be 'auto'")."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for error in errors:
+        key = (error["location"], error["field"])
+        if key not in merged:
+            merged[key] = error
+        elif error["message"] not in merged[key]["message"]:
+            merged[key] = {**merged[key], "message": f"{merged[key]['message']}, or {error['message']}",
+                           "type": "union"}
+            merged[key].pop("constraint", None)
+    return list(merged.values())
 
 
 def validation_errors(raw_errors: Sequence[Any], kind_tags: Iterable[str]) -> list[dict[str, Any]]:
     tags = list(kind_tags)
     errors: list[dict[str, Any]] = []
-    for raw in raw_errors:
+    for raw in _drop_other_alternatives(raw_errors):
         where, field = _field_path(raw.get("loc", ()), tags)
         error_type = str(raw.get("type", "value_error"))
         message = str(raw.get("msg", "invalid value"))
@@ -169,13 +218,21 @@ def validation_errors(raw_errors: Sequence[Any], kind_tags: Iterable[str]) -> li
                 error_type = "unknown_kind"
                 message = f"unknown job kind {_json_safe(context.get('tag'))!r}; known kinds: {known}"
             context = {"expected": tags}
+        if error_type == "json_invalid":
+            # pydantic puts the character offset into the location: it is not a field
+            offset = next((part for part in raw.get("loc", ()) if isinstance(part, int)), None)
+            field = ""
+            detail = context.pop("error", None) or raw.get("ctx", {}).get("error")
+            message = "invalid JSON" + (f" at character {offset}" if offset is not None else "")
+            message += f": {detail}" if detail else ""
+            context = {}
         error: dict[str, Any] = {"field": field or where, "location": where, "message": message, "type": error_type}
         if context:
             error["constraint"] = context
-        if "input" in raw and not isinstance(raw["input"], dict | list):
+        if "input" in raw and not isinstance(raw["input"], dict | list) and error_type != "json_invalid":
             error["input"] = _json_safe(raw["input"])
         errors.append(error)
-    return errors
+    return _merge_alternatives(errors)
 
 
 def summarize(errors: Sequence[Mapping[str, Any]]) -> str:

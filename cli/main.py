@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import uuid
@@ -355,6 +356,23 @@ def _require_migrated_database() -> None:
     except SchemaNotMigratedError as error:
         err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         raise typer.Exit(1) from None
+
+
+@keys_app.callback()
+def keys_options(
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="The server's data directory (as given to `gpuest serve --data-dir`): its database and "
+                          "key secret. Default: GPUEST_DATA_DIR or ./var."),
+    ] = None,
+) -> None:
+    """Admin: API keys (writes to the configured database directly)."""
+    if data_dir is not None:
+        # before any setting is read: the database URL and the key secret both derive from the data directory
+        os.environ["GPUEST_DATA_DIR"] = str(data_dir.resolve())
+        from core.settings import get_settings
+
+        get_settings.cache_clear()
 
 
 @keys_app.command("create")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -367,7 +368,8 @@ def _redact(url: str) -> str:
 
 def banner(stack: EmbeddedStack) -> list[str]:
     auth = (
-        "auth: ON (send 'Authorization: Bearer <key>'; create one with `gpuest keys create OWNER`)"
+        "auth: ON (send 'Authorization: Bearer <key>'; create one with "
+        f"`gpuest keys --data-dir {shlex.quote(str(stack.data_dir))} create OWNER`)"
         if stack.auth_enabled
         else "auth: OFF (WARNING) — no API key needed, every request acts as the local owner; "
         "set GPUEST_AUTH_ENABLED=true to require keys"

@@ -88,3 +88,22 @@ def test_the_key_secret_file_is_one_secret_for_processes_starting_together(tmp_p
     secrets = {process.communicate(timeout=60)[0].strip() for process in processes}
     assert len(secrets) == 1 and (tmp_path / "var" / "key_secret").read_text().strip() in secrets
     assert not [path.name for path in (tmp_path / "var").iterdir() if path.name != "key_secret"]  # no leftovers
+
+
+def test_keys_data_dir_writes_to_that_servers_database_and_secret(env, tmp_path: Path) -> None:
+    # issue 16: `gpuest serve --data-dir X` with auth on printed `gpuest keys create OWNER`, which wrote to ./var
+    # and printed a key that server refused; `keys --data-dir X` is what its banner prints now
+    server_dir = tmp_path / "server-data"
+    server_env = sqlite_env(server_dir)
+    assert run_gpuest("db", "upgrade", env=server_env).returncode == 0
+    # run from another data directory's environment, with no DATABASE_URL (set, it names the database, as for
+    # `gpuest serve`): --data-dir alone must find the server's database and key secret
+    elsewhere = {**env, "DATABASE_URL": "", "BROKER_URL": ""}
+    created = run_gpuest("keys", "--data-dir", str(server_dir), "create", "carol", env=elsewhere)
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert owner_of(key, server_env) == "carol"  # the server's database and key secret accept it
+    assert [row["owner"] for row in listed(server_env)] == ["carol"]
+    assert "carol" not in [row["owner"] for row in listed(env)]
+    shown = run_gpuest("keys", "--data-dir", str(server_dir), "list", "--json", env=elsewhere)
+    assert [row["owner"] for row in json.loads(shown.stdout)] == ["carol"]

@@ -6,8 +6,14 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/gpuest ]; then
+    # first run: say what the next minutes are (pip is quiet; a fresh install takes one to two minutes)
+    echo "gpuest: first run: creating ./.venv and installing gpuest and its dependencies (1-2 minutes)..." >&2
     "$PYTHON" -m venv .venv
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e .
+    if ! .venv/bin/python -m pip install --quiet -e .; then
+        echo "gpuest: installing failed (pip's lines above); remove ./.venv and run again" >&2
+        exit 1
+    fi
+    echo "gpuest: installed; starting the embedded stack" >&2
 fi
 exec .venv/bin/gpuest serve "$@"

@@ -505,6 +505,12 @@ def _prepare_worker(**_kwargs: Any) -> None:
         refuse_to_start(str(exc))
     except SQLAlchemyError as exc:
         refuse_to_start(f"cannot read the database schema: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    try:
+        backend.get_namespace()
+    except (GPUUnavailableError, ValueError) as exc:
+        # A worker that reports healthy and then fails every job helps no one (issue 16): GPUEST_DEVICE=gpu
+        # on a host where CuPy sees no GPU (no driver, no device passed to the container) stops here.
+        refuse_to_start(f"{exc} (set GPUEST_DEVICE=cpu or auto to compute on the CPU)")
     # Import every kernel module now rather than inside the first job (seconds of SciPy and pandas imports
     # that would otherwise count as that job's run time, in stage "starting"). Declaring a CUDA source
     # compiles nothing, so the disk cache below is still in place before the first compile.

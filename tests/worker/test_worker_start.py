@@ -4,6 +4,7 @@ logged and the worker serves anyway; on CPU none of it runs. The GPU is a stand-
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from structlog.testing import capture_logs
 
 from core.settings import get_settings
 from kernels import backend, cuda
-from worker.tasks import CUDA_CACHE_DIR_NAME, _prepare_worker
+from worker.tasks import CUDA_CACHE_DIR_NAME, EXIT_NOT_READY, _prepare_worker
 
 
 @pytest.fixture
@@ -89,10 +90,19 @@ def test_on_cpu_nothing_is_cached_or_compiled(
     assert calls == ["registry"]
 
 
-def test_a_demanded_gpu_that_is_missing_skips_the_warm_up(calls: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_demanded_gpu_that_is_missing_refuses_to_start(
+    calls: list[Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 16: it used to start, report healthy and fail every job with the reason
     def missing(device: Any = None) -> Any:
         raise backend.GPUUnavailableError("GPUEST_DEVICE=gpu but no CUDA device is usable through CuPy")
 
     monkeypatch.setattr(backend, "get_namespace", missing)
-    _prepare_worker()  # the worker starts; each job then fails with the reason
-    assert calls == ["registry"]
+    monkeypatch.setattr(sys, "__stderr__", sys.stderr)  # refuse_to_start writes to the real stderr
+    with pytest.raises(SystemExit) as stopped:
+        _prepare_worker()
+    assert stopped.value.code == EXIT_NOT_READY != 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["gpuest worker: refusing to start: GPUEST_DEVICE=gpu but no CUDA device is usable through "
+                     "CuPy (set GPUEST_DEVICE=cpu or auto to compute on the CPU)"]
+    assert calls == []  # nothing imported or compiled

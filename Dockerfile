@@ -1,10 +1,12 @@
-# syntax=docker/dockerfile:1
-# One Dockerfile, two images:
+# One Dockerfile, two images (no `# syntax=` line: building needs no image from Docker Hub beyond the bases):
 #   docker build --target api        -t gpuest-api .         (FastAPI + the CLI; also runs the migrations)
 #   docker build --target worker-gpu -t gpuest-worker-gpu .  (Celery worker on the CUDA 13 runtime + CuPy)
 # docker-compose.yml builds both. Not built here (no Docker engine on the development machines).
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# One Python in both images: 3.12, the python3 of the CUDA image's Ubuntu 24.04. The GPU image needs an NVIDIA
+# driver of the CUDA 13.0 branch (>= 580) on the host; NVRTC's headers come from CuPy's [ctk] extra (the
+# -runtime image lacks some, cupy#8466), checked by compiling every kernel at build time (worker.compile_check).
+ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:13.0.1-runtime-ubuntu24.04
 
 # -- source: only the files the package needs, shared by both images ------------------------------
@@ -59,6 +61,7 @@ RUN apt-get update \
 WORKDIR /app
 COPY --from=source /app /app
 RUN pip install -e '.[gpu]' \
+    && python -m worker.compile_check \
     && useradd --create-home --uid 10001 gpuest \
     && mkdir -p /data && chown gpuest /data
 USER gpuest

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -339,13 +340,37 @@ def serve(
 
 
 @db_app.command("upgrade")
-def db_upgrade() -> None:
-    """Migrate the configured database (DATABASE_URL, default SQLite under the data dir) to the newest schema."""
+def db_upgrade(
+    wait: Annotated[float, typer.Option(min=0, help="Seconds to keep retrying while the database refuses "
+                                                    "connections (a server still starting).")] = 0.0,
+) -> None:
+    """Migrate the configured database (DATABASE_URL, default SQLite under the data dir) to the newest schema.
+    A failure is one line on stderr and exit status 1 (no traceback)."""
+    from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
     from core.settings import get_settings
     from store.migrate import upgrade_to_head
 
-    upgrade_to_head()
-    err.print(f"database at head: {_redact(get_settings().resolved_database_url())}", markup=False)
+    where = _redact(get_settings().resolved_database_url())
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            upgrade_to_head()
+            break
+        except OperationalError as error:  # refused, unknown host, not accepting connections yet
+            if time.monotonic() >= deadline:
+                _db_failed(where, error)
+            time.sleep(1.0)
+        except SQLAlchemyError as error:
+            _db_failed(where, error)
+    err.print(f"database at head: {where}", markup=False)
+
+
+def _db_failed(where: str, error: Exception) -> NoReturn:
+    reason = str(getattr(error, "orig", None) or error).strip().splitlines()
+    err.print(f"error: cannot migrate the database at {where}: {type(error).__name__}: "
+              f"{reason[0] if reason else ''}", markup=False, highlight=False)
+    raise typer.Exit(1)
 
 
 def _require_migrated_database() -> None:

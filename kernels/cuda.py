@@ -190,6 +190,20 @@ def warm_up() -> int:
     return count
 
 
+def compile_for_arch(arch: str) -> int:
+    """Compile every declared source's warm-up variants with NVRTC to PTX for ``arch`` (e.g. ``"90"``) without a
+    device: proves at image build time that NVRTC and the headers it needs are there (a CUDA ``-runtime`` image
+    lacks some, cupy#8466). Returns how many variants compiled; raises on the first that does not."""
+    from cupy.cuda import compiler  # only a GPU image calls this
+
+    count = 0
+    for source in declared_sources():
+        for defines in source.warm_up_defines:
+            compiler.compile_using_nvrtc(source.text(), options=compile_options(source, dict(defines)), arch=arch)
+            count += 1
+    return count
+
+
 class WarmUpError(RuntimeError):
     """One or more warm-up hooks failed (after every hook was tried); jobs then pay those costs themselves."""
 

@@ -1,6 +1,6 @@
-"""The spec file of ``gpuest submit``: YAML read with YAML 1.2's numbers, and a file that cannot be used ends the
-command with its own exit code (4), not 2, which means "the job failed" (issue 16). No server needed: the file is
-read before any request."""
+"""CLI failures that need no server (issue 16): the spec file of ``gpuest submit`` is read with YAML 1.2's numbers
+and one that cannot be used ends the command with its own exit code (4; 2 means "the job failed"), before any
+request; ``gpuest db upgrade`` fails in one line."""
 
 from __future__ import annotations
 
@@ -48,3 +48,19 @@ def test_an_unusable_spec_file_exits_4_before_any_request(tmp_path: Path, name: 
     result = CliRunner().invoke(app, ["submit", str(path), "--url", "http://127.0.0.1:9"])
     assert result.exit_code == EXIT_BAD_SPEC_FILE, result.output
     assert says in result.output
+
+
+def test_db_upgrade_failing_is_one_line_and_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 16: the migrate service printed a 40-line traceback box when the database was not up yet
+    from core.settings import get_settings
+
+    monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://nobody:secret@127.0.0.1:9/none")
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(app, ["db", "upgrade", "--wait", "1.5"])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: cannot migrate the database at postgresql+psycopg://")
+    assert "secret" not in result.output and "Traceback" not in result.output

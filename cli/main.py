@@ -364,6 +364,31 @@ def db_upgrade(
         except SQLAlchemyError as error:
             _db_failed(where, error)
     err.print(f"database at head: {where}", markup=False)
+    _register_admin_key()
+
+
+def _register_admin_key() -> None:
+    """GPUEST_ADMIN_KEY / GPUEST_ADMIN_KEY_FILE: the first key of a stack, registered once (issue 16)."""
+    from core.settings import get_settings
+    from store.db import session_scope
+    from store.keys import register_key
+
+    settings = get_settings()
+    try:
+        secret = settings.resolved_admin_key()
+    except OSError as error:
+        err.print(f"error: cannot read GPUEST_ADMIN_KEY_FILE: {error.strerror}", markup=False)
+        raise typer.Exit(1) from None
+    if secret is None:
+        return
+    try:
+        with session_scope() as session:
+            added = register_key(session, settings.admin_owner, secret)
+    except ValueError as error:
+        err.print(f"error: GPUEST_ADMIN_KEY: {error}", markup=False)
+        raise typer.Exit(1) from None
+    state = "registered" if added else "already registered (or revoked: it stays so)"
+    err.print(f"admin API key {secret[:8]}... for {settings.admin_owner!r} {state}", markup=False)
 
 
 def _db_failed(where: str, error: Exception) -> NoReturn:

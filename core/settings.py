@@ -56,6 +56,17 @@ class Settings(BaseSettings):
     expose_details: bool = Field(
         False, description="Show /metrics job counts and /readyz failure reasons without a token (trusted networks)"
     )
+    # issue 16: the first key without exec
+    admin_key: SecretStr | None = Field(
+        None,  # its form is checked where it is used (a clear one-line error, not a settings traceback)
+        description="An API key (gpe_ and at least 32 characters; e.g. `gpe_$(openssl rand -hex 24)`) that "
+        "`gpuest db upgrade` (the compose stack's migrate service) registers for admin_owner if it is not "
+        "registered yet: the first key of a stack without `docker compose exec`; a revoked one stays revoked",
+    )
+    admin_key_file: Path | None = Field(
+        None, description="File holding admin_key (a Docker/Compose secret, e.g. /run/secrets/gpuest_admin_key)"
+    )
+    admin_owner: str = Field("admin", min_length=1, description="Owner the admin key acts as")
     # issue 11: worker and uploads
     max_upload_rows: int = Field(20_000_000, ge=1, description="Most data rows a dataset upload may hold")
     max_upload_columns: int = Field(1_000, ge=1, description="Most columns a dataset upload may hold")
@@ -65,6 +76,15 @@ class Settings(BaseSettings):
     worker_result_retry_seconds: float = Field(
         120.0, gt=0, description="How long a worker retries storing a finished job before leaving it to a re-run"
     )
+
+    def resolved_admin_key(self) -> str | None:
+        """admin_key, or the first line of admin_key_file; None when neither is set (or the file is empty)."""
+        if self.admin_key is not None and self.admin_key.get_secret_value().strip():  # "": unset (compose's ${...:-})
+            return self.admin_key.get_secret_value().strip()
+        if self.admin_key_file is not None:
+            text = self.admin_key_file.read_text().strip()
+            return text.splitlines()[0].strip() if text else None
+        return None
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'gpuest.sqlite3').resolve()}"

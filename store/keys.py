@@ -98,6 +98,23 @@ def create_key(session: Session, owner: str) -> str:
     return secret
 
 
+def register_key(session: Session, owner: str, secret: str) -> bool:
+    """Register a key whose secret the operator chose (the first admin key from the environment or a secret
+    file): True if it was added, False if a row with that secret exists already, revoked or not (a revoked
+    key is never brought back by a restart)."""
+    if not owner.strip():
+        raise ValueError("owner must not be empty")
+    if not (secret.startswith(KEY_PREFIX) and len(secret) >= len(KEY_PREFIX) + 32 and secret.isascii()
+            and secret.isprintable() and not any(c.isspace() for c in secret)):
+        raise ValueError(f"an API key is {KEY_PREFIX!r} and at least 32 more printable ASCII characters, no spaces")
+    digest = keyed_digest(secret)
+    if session.scalars(select(ApiKey).where(ApiKey.key_hash == digest)).first() is not None:
+        return False
+    session.add(ApiKey(owner=owner, prefix=secret[:PREFIX_LENGTH], key_hash=digest))
+    session.flush()
+    return True
+
+
 def owner_for_key(session: Session, key: str) -> str | None:
     """The owner of an active key, or None. A legacy (unkeyed) row is rehashed when its key is used."""
     if not key.isascii() or not key.isprintable():  # no key holds such characters (and keys are ASCII)

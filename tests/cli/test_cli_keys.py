@@ -107,3 +107,37 @@ def test_keys_data_dir_writes_to_that_servers_database_and_secret(env, tmp_path:
     assert "carol" not in [row["owner"] for row in listed(env)]
     shown = run_gpuest("keys", "--data-dir", str(server_dir), "list", "--json", env=elsewhere)
     assert [row["owner"] for row in json.loads(shown.stdout)] == ["carol"]
+
+
+def test_the_first_admin_key_comes_from_the_environment_once(env, tmp_path: Path) -> None:
+    # issue 16: the compose stack's first key without `docker compose exec` (migrate registers it)
+    key = "gpe_" + "0123456789abcdef" * 3
+    with_key = {**env, "GPUEST_ADMIN_KEY": key}
+    first = run_gpuest("db", "upgrade", env=with_key)
+    assert first.returncode == 0, first.stderr
+    assert f"admin API key {key[:8]}... for 'admin' registered" in first.stderr
+    assert owner_of(key, env) == "admin"
+    again = run_gpuest("db", "upgrade", env=with_key)
+    assert again.returncode == 0 and "already registered" in again.stderr
+    assert [row["owner"] for row in listed(env)] == ["admin"]
+    # revoked stays revoked across restarts of the migrate service
+    assert run_gpuest("keys", "revoke", key[:10], env=env).returncode == 0
+    assert run_gpuest("db", "upgrade", env=with_key).returncode == 0
+    assert owner_of(key, env) == "None"
+    # from a secret file, for another owner
+    secret_file = tmp_path / "admin_key"
+    other = "gpe_" + "f" * 40
+    secret_file.write_text(other + "\n")
+    from_file = run_gpuest("db", "upgrade", env={**env, "GPUEST_ADMIN_KEY_FILE": str(secret_file),
+                                                 "GPUEST_ADMIN_OWNER": "ops"})
+    assert from_file.returncode == 0, from_file.stderr
+    assert owner_of(other, env) == "ops"
+
+
+def test_a_malformed_admin_key_fails_the_upgrade_in_one_line(env) -> None:
+    done = run_gpuest("db", "upgrade", env={**env, "GPUEST_ADMIN_KEY": "gpe_short"})
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error")]
+    assert lines == ["error: GPUEST_ADMIN_KEY: an API key is 'gpe_' and at least 32 more printable ASCII characters, "
+                     "no spaces"]
+    assert "gpe_short" not in done.stderr and "Traceback" not in done.stderr

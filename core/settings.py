@@ -56,6 +56,15 @@ class Settings(BaseSettings):
     expose_details: bool = Field(
         False, description="Show /metrics job counts and /readyz failure reasons without a token (trusted networks)"
     )
+    # issue 16: retention
+    retention_days: float = Field(
+        0.0, ge=0, description="Finished jobs (result and artifacts) are deleted this many days after they "
+        "finished, by the workers' reaper; 0 keeps them until their owner deletes them"
+    )
+    retention_days_by_owner: dict[str, float] = Field(
+        default_factory=dict, description='Per-owner retention in days, as JSON: {"alice": 30, "ci": 1}; '
+        "0 keeps that owner's jobs; owners not named get retention_days"
+    )
     # issue 16: the first key without exec
     admin_key: SecretStr | None = Field(
         None,  # its form is checked where it is used (a clear one-line error, not a settings traceback)

@@ -99,3 +99,11 @@ def load_pending_outcome(job_id: str) -> dict[str, Any] | None:
 
 def discard_pending_outcome(job_id: str) -> None:
     pending_outcome_path(job_id).unlink(missing_ok=True)
+
+
+def delete_job_files(job_id: str) -> None:
+    """A deleted job's artifacts directory and any kept outcome (nothing if there are none)."""
+    import shutil
+
+    shutil.rmtree(job_artifact_dir(job_id), ignore_errors=True)
+    discard_pending_outcome(job_id)

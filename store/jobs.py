@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import delete, event, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from core.status import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
+from store.artifacts import delete_job_files
 from store.models import Job, utcnow
 
 
@@ -310,3 +311,64 @@ def jobs_using_dataset(session: Session, owner: str, dataset_id: str) -> list[st
 
 def queue_depth(session: Session) -> int:
     return session.scalar(select(func.count()).select_from(Job).where(Job.status == JobStatus.QUEUED)) or 0
+
+
+class JobNotFinishedError(ValueError):
+    """A queued or running job cannot be deleted: cancel it first."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job.status)
+        self.status = job.status
+
+
+def _delete_rows(session: Session, job_ids: Sequence[str]) -> None:
+    """Delete the rows; their files go once the deletion is committed (a failed commit keeps both)."""
+    session.execute(delete(Job).where(Job.id.in_(list(job_ids))).execution_options(synchronize_session=False))
+    session.flush()
+
+    def remove_files(_session: Session) -> None:
+        for job_id in job_ids:
+            delete_job_files(job_id)
+
+    event.listen(session, "after_commit", remove_files, once=True)
+
+
+def delete_finished_job(session: Session, job_id: str, owner: str) -> bool:
+    """Delete the owner's finished job (row, result, artifacts): False if there is no such job; raises
+    :class:`JobNotFinishedError` for a queued or running one (a worker may be writing it)."""
+    job = get_job(session, job_id, owner)
+    if job is None:
+        return False
+    if job.status not in TERMINAL_STATUSES:
+        raise JobNotFinishedError(job)
+    # conditional on the status, like every transition: a job that (re)started meanwhile stays
+    deleted = session.execute(
+        delete(Job).where(Job.id == job_id, Job.owner == owner, Job.status.in_(TERMINAL_STATUSES))
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if not deleted:
+        raise JobNotFinishedError(job)
+    event.listen(session, "after_commit", lambda _session: delete_job_files(job_id), once=True)
+    return True
+
+
+def expire_finished_jobs(session: Session, *, default_days: float, days_by_owner: dict[str, float],
+                         now: datetime | None = None, limit: int = 500) -> list[str]:
+    """Delete finished jobs older than their owner's retention (``days_by_owner``, else ``default_days``;
+    0 keeps them) by their finish time; at most ``limit`` a call. Returns the deleted ids."""
+    now = now or utcnow()
+    expired: list[str] = []
+    owners = {owner for (owner,) in session.execute(select(Job.owner).distinct()).all()}
+    for owner in sorted(owners):
+        days = days_by_owner.get(owner, default_days)
+        if days <= 0 or len(expired) >= limit:
+            continue
+        rows = session.execute(
+            select(Job.id).where(Job.owner == owner, Job.status.in_(TERMINAL_STATUSES),
+                                 Job.finished_at < now - timedelta(days=days))
+            .order_by(Job.finished_at).limit(limit - len(expired))
+        ).all()
+        expired += [job_id for (job_id,) in rows]
+    if expired:
+        _delete_rows(session, expired)
+    return expired

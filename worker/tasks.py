@@ -443,6 +443,13 @@ def reap_once() -> dict[str, int]:
     # have been taken by now, so the queued jobs' messages are the lost ones.
     if _activity.idle_for() >= settings.reaper_interval_seconds:
         counts["resent"] = _resend_lost_messages(settings.queue, stale_after)
+    if settings.retention_days > 0 or settings.retention_days_by_owner:
+        with session_scope() as session:  # retention: finished jobs past their owner's limit, files with them
+            expired = job_store.expire_finished_jobs(session, default_days=settings.retention_days,
+                                                     days_by_owner=settings.retention_days_by_owner)
+        counts["expired"] = len(expired)
+        if expired:
+            log.info("expired finished jobs", count=len(expired), first=expired[0])
     return counts
 
 

@@ -253,6 +253,29 @@ def cancel_job(job_id: JobIdPath, owner: OwnerDep, session: SessionDep, response
     return JobOut.from_row(job)
 
 
+@router.delete(
+    "/{job_id}",
+    status_code=204,
+    responses={**NOT_FOUND_RESPONSES, 204: {"description": "Deleted: the job, its result and its artifacts"},
+               409: {"description": "The job is queued or running: cancel it first"}},
+    summary="Delete a finished job",
+)
+def delete_job(job_id: JobIdPath, owner: OwnerDep, session: SessionDep) -> Response:
+    """Delete a succeeded, failed or cancelled job with its result and artifacts (the datasets it read stay).
+    A queued or running job is refused (409): cancel it first, so no worker is writing what is deleted."""
+    try:
+        deleted = job_store.delete_finished_job(session, job_id, owner) if storable_text(job_id) else False
+    except job_store.JobNotFinishedError as error:
+        raise ProblemError(409, f"job {job_id} is {error.status}: cancel it first (POST /v1/jobs/{job_id}/cancel), "
+                           "then delete it once it has stopped", slug="job-not-finished",
+                           extensions={"job_status": error.status}) from None
+    if not deleted:
+        raise job_not_found(job_id)
+    session.commit()
+    log.info("job deleted", job_id=job_id, owner=owner)
+    return Response(status_code=204)
+
+
 @router.get(
     "/{job_id}/result",
     response_model=JobResult,

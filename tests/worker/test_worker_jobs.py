@@ -125,6 +125,26 @@ def test_reaper_requeues_a_silent_job_then_fails_it_when_attempts_are_spent(stac
     assert job.status == "failed" and job.error["type"] == "WorkerLost"
 
 
+def test_the_reaper_deletes_finished_jobs_past_the_retention(stack_env: dict[str, str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from core.settings import get_settings
+    from store.artifacts import job_artifact_dir
+
+    old, recent = submit(SMALL), submit(SMALL)
+    assert execute_job(old, worker="w") == "succeeded" and execute_job(recent, worker="w") == "succeeded"
+    _set_times(old, finished_at=utcnow() - timedelta(days=8))
+    assert "expired" not in reap_once()  # retention off (the default): nothing is deleted
+    monkeypatch.setenv("GPUEST_RETENTION_DAYS", "7")
+    get_settings.cache_clear()
+    try:
+        assert reap_once()["expired"] == 1
+    finally:
+        get_settings.cache_clear()
+    with session_scope() as session:
+        assert session.get(Job, old) is None and session.get(Job, recent) is not None
+    assert not job_artifact_dir(old).exists()
+
+
 def _messages_waiting(queue: str) -> int:
     with broker_connection() as connection:
         return int(connection.default_channel.queue_declare(queue=queue, durable=True).message_count)

@@ -81,12 +81,29 @@ class JobLinks(BaseModel):
     artifacts: str
 
 
+ETA_MIN_PROGRESS = 0.02  # below this the rate is mostly start-up cost: no estimate
+
+
+def eta_seconds(job: Job, now: datetime | None = None) -> float | None:
+    """Seconds left for a running job at its average rate so far (None before 2 % or when not running)."""
+    progress = float(job.progress or 0.0)
+    started = as_utc(job.started_at)
+    if job.status != JobStatus.RUNNING or started is None or progress < ETA_MIN_PROGRESS or progress >= 1.0:
+        return None
+    elapsed = ((now or datetime.now(UTC)) - started).total_seconds()
+    return round(max(elapsed, 0.0) * (1.0 - progress) / progress, 1)
+
+
 class JobOut(BaseModel):
     id: str
     kind: str
     status: JobStatus
     params: dict[str, Any]
     progress: float = Field(ge=0, le=1)
+    eta_seconds: float | None = Field(
+        None, description="running jobs: seconds left at the average rate so far, elapsed (1 - progress) / "
+        "progress, once progress reaches 2 %; null otherwise (an estimate: stages differ in speed)",
+    )
     stage: str | None
     device: str | None
     attempts: int
@@ -109,6 +126,7 @@ class JobOut(BaseModel):
             status=JobStatus(job.status),
             params=dict(job.params or {}),
             progress=float(job.progress or 0.0),
+            eta_seconds=eta_seconds(job),
             stage=job.stage,
             device=job.device,
             attempts=job.attempts or 0,

@@ -117,10 +117,11 @@ def follow(client: GpuestClient, job: Job, poll_interval: float) -> Job:
         TaskProgressColumn(),
         TextColumn("{task.fields[stage]}", markup=False),
         TimeElapsedColumn(),
+        TextColumn("{task.fields[eta]}", markup=False),
         console=err,
         transient=False,
     ) as bar:
-        task = bar.add_task("job", total=1.0, status=job.get("status", ""), stage="")
+        task = bar.add_task("job", total=1.0, status=job.get("status", ""), stage="", eta="")
 
         def on_progress(current: Job) -> None:
             bar.update(
@@ -128,9 +129,21 @@ def follow(client: GpuestClient, job: Job, poll_interval: float) -> Job:
                 completed=float(current.get("progress") or 0.0),
                 status=current.get("status", ""),
                 stage=current.get("stage") or "",
+                eta=eta_text(current.get("eta_seconds")),
             )
 
         return client.wait(job["id"], on_progress, poll_interval=poll_interval)
+
+
+def eta_text(seconds: Any) -> str:
+    """The job's ETA for the bar ("about 3 min left"), or nothing when the API has none."""
+    if not isinstance(seconds, int | float):
+        return ""
+    if seconds < 90:
+        return f"about {max(1, round(seconds))} s left"
+    if seconds < 5400:
+        return f"about {round(seconds / 60)} min left"
+    return f"about {seconds / 3600:.1f} h left"
 
 
 def report_final(job: Job) -> None:

@@ -18,7 +18,7 @@ from store.db import session_scope
 from store.models import Job
 
 JOB_FIELDS = {
-    "id", "kind", "status", "params", "progress", "stage", "device", "attempts", "error", "timings",
+    "id", "kind", "status", "params", "progress", "eta_seconds", "stage", "device", "attempts", "error", "timings",
     "created_at", "started_at", "finished_at", "artifacts", "links",
 }
 

@@ -64,3 +64,25 @@ def test_db_upgrade_failing_is_one_line_and_exit_1(tmp_path: Path, monkeypatch: 
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: cannot migrate the database at postgresql+psycopg://")
     assert "secret" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(None, ""), (12.3, "about 12 s left"), (0.2, "about 1 s left"),
+                                               (600, "about 10 min left"), (7200, "about 2.0 h left")])
+def test_the_progress_bar_shows_the_apis_eta(seconds: float | None, text: str) -> None:
+    from cli.main import eta_text
+
+    assert eta_text(seconds) == text
+
+
+def test_eta_is_the_average_rate_so_far_for_running_jobs_only() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from api.schemas import eta_seconds
+    from store.models import Job
+
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    job = Job(status="running", progress=0.25, started_at=now - timedelta(seconds=30))
+    assert eta_seconds(job, now) == 90.0  # 30 s for a quarter: 90 s for the rest
+    assert eta_seconds(Job(status="running", progress=0.01, started_at=now), now) is None  # start-up only
+    assert eta_seconds(Job(status="queued", progress=0.5, started_at=None), now) is None
+    assert eta_seconds(Job(status="succeeded", progress=1.0, started_at=now), now) is None

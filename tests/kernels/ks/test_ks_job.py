@@ -185,3 +185,21 @@ def test_a_panel_over_several_gpus_on_a_cpu_worker_fails_naming_the_field() -> N
         run_kind(KS_SOLVE, params, local_context(device="cpu"))
     with pytest.raises(ValidationError, match="gpus"):
         KSSolveParams.model_validate({"gpus": 0})
+
+
+def test_progress_follows_convergence_not_only_the_iteration_cap() -> None:
+    # issue 16: KS progress jumped from 0.33 to 1.0 (it counted max_iterations)
+    from kernels.ks.solve import outer_progress
+
+    history = [{"change": c} for c in (1e-1, 1e-3, 1e-5)]
+    assert outer_progress(1, 100, [], 1e-7) == 0.0
+    assert outer_progress(4, 100, history, 1e-7) == pytest.approx(0.9 * 4 / 6)  # log(1e4) / log(1e6)
+    assert outer_progress(99, 100, history[:1], 1e-7) == pytest.approx(0.9 * 0.98)  # the count still moves it
+    assert outer_progress(4, 100, [*history, {"change": 1e-9}], 1e-7) == pytest.approx(0.9)
+    params = KSSolveParams.model_validate({**SMALL, "max_iterations": 100, "tolerance": 1e-5})
+    progress = LocalProgress()
+    run_kind(KS_SOLVE, params, local_context(device="cpu", progress=progress))
+    fractions = [fraction for fraction, _ in progress.reports]
+    assert fractions == sorted(fractions)
+    last_outer = max(f for f, stage in progress.reports if stage and stage.startswith("iteration"))
+    assert last_outer > 0.3  # converged in a few of 100 iterations: the bar got well past 3 %

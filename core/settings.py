@@ -65,6 +65,16 @@ class Settings(BaseSettings):
         default_factory=dict, description='Per-owner retention in days, as JSON: {"alice": 30, "ci": 1}; '
         "0 keeps that owner's jobs; owners not named get retention_days"
     )
+    # issue 16: quotas
+    max_active_jobs_per_owner: int = Field(
+        0, ge=0, description="Queued plus running jobs an owner may have at once; a submission beyond it is "
+        "answered 429 with Retry-After (0: no limit)"
+    )
+    max_stored_bytes_per_owner: int = Field(
+        0, ge=0, description="Bytes of stored datasets an owner may keep; an upload beyond it is answered 429 "
+        "(0: no limit)"
+    )
+    quota_retry_after_seconds: int = Field(30, ge=1, description="Retry-After of a 429 for the running-jobs quota")
     # issue 16: the first key without exec
     admin_key: SecretStr | None = Field(
         None,  # its form is checked where it is used (a clear one-line error, not a settings traceback)

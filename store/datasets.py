@@ -389,6 +389,12 @@ def list_datasets(session: Session, *, owner: str, limit: int = 50, offset: int 
     return rows, total
 
 
+def stored_bytes(session: Session, owner: str) -> int:
+    """Bytes of the owner's stored datasets (what the storage quota counts)."""
+    return int(session.scalar(select(func.coalesce(func.sum(Dataset.size_bytes), 0)).where(Dataset.owner == owner))
+               or 0)
+
+
 def delete_dataset(session: Session, dataset: Dataset) -> None:
     """Delete the row, then the file once the deletion is committed (a failed commit keeps both)."""
     path = Path(dataset.path)

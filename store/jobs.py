@@ -372,3 +372,10 @@ def expire_finished_jobs(session: Session, *, default_days: float, days_by_owner
     if expired:
         _delete_rows(session, expired)
     return expired
+
+
+def count_active(session: Session, owner: str) -> int:
+    """The owner's queued and running jobs (what the running-jobs quota counts)."""
+    return session.scalar(
+        select(func.count()).select_from(Job).where(Job.owner == owner, Job.status.in_(ACTIVE_STATUSES))
+    ) or 0

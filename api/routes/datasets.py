@@ -24,6 +24,7 @@ from store.datasets import (
     get_dataset,
     ingest,
     list_datasets,
+    stored_bytes,
 )
 from store.db import session_scope
 from store.jobs import jobs_using_dataset
@@ -76,13 +77,27 @@ def _invalid_upload(error: DatasetError) -> ProblemError:
     )
 
 
-def _store(received: ReceivedFile, owner: str, limits: UploadLimits) -> DatasetOut:
+def _check_storage_quota(owner: str, quota: int, adding: int) -> None:
+    with session_scope() as session:
+        used = stored_bytes(session, owner)
+    if used + adding > quota or used >= quota:
+        raise ProblemError(
+            429, f"your datasets take {used:,} bytes" + (f" and this one {adding:,} more" if adding else "")
+            + f", beyond the {quota:,} bytes this service keeps per owner; delete datasets you no longer need "
+            "(DELETE /v1/datasets/{id})", slug="storage-quota", headers={"Retry-After": "3600"},
+            extensions={"limit": quota, "used": used},
+        )
+
+
+def _store(received: ReceivedFile, owner: str, limits: UploadLimits, quota: int = 0) -> DatasetOut:
     """Parse, convert and record the upload; a failure at any step leaves neither a file nor a row."""
     source_format = detect_format(received.filename, received.content_type)
     with session_scope() as session:
         dataset = ingest(session, owner=owner, name=received.filename, upload=received.path,
                          source_format=source_format, limits=limits)
         try:
+            if quota:  # the stored (Parquet) size counts: known only now
+                _check_storage_quota(owner, quota, int(dataset.size_bytes))
             session.commit()
         except BaseException:
             delete_stored_file(dataset.path)
@@ -114,12 +129,15 @@ async def upload_dataset(request: Request, response: Response, owner: OwnerDep, 
     """Multipart field `file`: a CSV or Parquet file (a CSV may be gzipped), stored as Parquet; answers with
     its schema. The file is streamed to disk and then converted a block at a time, within the upload limits
     (bytes as sent and decompressed, rows, columns), so memory stays flat whatever the file."""
+    quota = settings.max_stored_bytes_per_owner
+    if quota:  # full already: refuse before reading the body
+        await run_in_threadpool(_check_storage_quota, owner, quota, 0)
     received = await receive_file(
         request, field_name=UPLOAD_FIELD, directory=upload_dir(settings), max_bytes=settings.max_upload_bytes
     )
     limits = UploadLimits(settings.max_upload_bytes, settings.max_upload_rows, settings.max_upload_columns)
     try:
-        dataset = await run_in_threadpool(_store, received, owner, limits)
+        dataset = await run_in_threadpool(_store, received, owner, limits, quota)
     except DatasetError as exc:
         raise _invalid_upload(exc) from exc
     finally:

@@ -143,6 +143,22 @@ def check_finite(params: BaseModel) -> None:
         )
 
 
+def check_active_jobs_quota(session: Session, owner: str, settings: Any, idempotency_key: str | None) -> None:
+    """429 with Retry-After when the owner already has max_active_jobs_per_owner queued or running jobs (a
+    retried POST of a job that exists is a replay, not a new job: never refused)."""
+    limit = settings.max_active_jobs_per_owner
+    if not limit or (idempotency_key and job_store.find_by_idempotency_key(session, owner, idempotency_key)):
+        return
+    active = job_store.count_active(session, owner)
+    if active >= limit:
+        raise ProblemError(
+            429, f"{active} of your jobs are queued or running, the most this service allows at once ({limit}); "
+            "submit again when one has finished, or cancel one", slug="too-many-active-jobs",
+            headers={"Retry-After": str(settings.quota_retry_after_seconds)},
+            extensions={"limit": limit, "active": active},
+        )
+
+
 def ring_worker_queue(job: Job) -> None:
     # The database is the truth and the broker a doorbell: if it is down the job stays queued and the
     # worker's reaper re-sends it (its row says when the send was tried), so the client still gets its 202.
@@ -166,7 +182,8 @@ def idempotency_key_reused() -> ProblemError:
     status_code=202,
     response_model=JobOut,
     summary="Submit a job",
-    responses={422: {"description": "Invalid spec: the problem's `errors` name each field"}},
+    responses={422: {"description": "Invalid spec: the problem's `errors` name each field"},
+               429: {"description": "The owner's queued and running jobs are at max_active_jobs_per_owner"}},
 )
 def create_job(
     body: JobRequest,  # type: ignore[valid-type]
@@ -184,6 +201,7 @@ def create_job(
     check_datasets(session, owner, dataset_ids)
     check_dataset_columns(session, owner, params, dataset_ids)
     stored_params = params.model_dump(mode="json")
+    check_active_jobs_quota(session, owner, settings, idempotency_key)
     job, created = job_store.create_job(
         session, owner=owner, kind=kind.name, params=stored_params, dataset_ids=dataset_ids,
         idempotency_key=idempotency_key, queue=settings.queue,

@@ -128,7 +128,9 @@ def test_state_evaluator_and_monte_carlo_on_the_gpu_equal_numpy() -> None:
     control_h, value_h = host.minimise(px, pmu, ps)
     control_d, value_d = device.minimise(*(cp.asarray(a) for a in (px, pmu, ps)))
     np.testing.assert_allclose(to_host(value_d), value_h, rtol=1e-10)
-    np.testing.assert_allclose(to_host(control_d), control_h, rtol=1e-7, atol=1e-9)
+    # the argmin is known to the golden section's last cell (REPORT_MINIMISER: about (hi - lo) / 64 x 0.618^24,
+    # ~1e-6 here) where Q is flat; the H100 run found one of 500 states 2.5e-7 apart (its Q equal to 1e-10)
+    np.testing.assert_allclose(to_host(control_d), control_h, rtol=0, atol=1e-5)
     runs = {}
     for xp, evaluator, grid_policy in ((np, host, policy), (cp, device, cp.asarray(policy))):
         rules = {name: simulation_rules(MODEL, name, evaluator, grid_policy) for name in ("optimal", "myopic")}

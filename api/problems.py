@@ -185,12 +185,13 @@ def _drop_other_alternatives(raw_errors: Sequence[Any]) -> list[Any]:
     return kept
 
 
-def _merge_alternatives(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One error per field: a value that matches none of a union's alternatives gave one error per
-    alternative; their messages are joined ("Input should be a valid list, or Input should be 'auto'")."""
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
-    for error in errors:
-        key = (error["location"], error["field"])
+def _merge_alternatives(errors: list[tuple[dict[str, Any], bool]]) -> list[dict[str, Any]]:
+    """One error per field for a union: a value that matches none of its alternatives gave one error per
+    alternative (flagged True); their messages are joined ("Input should be a valid list, or Input should be
+    'auto'"). Other errors are kept as they are."""
+    merged: dict[Any, dict[str, Any]] = {}
+    for index, (error, from_union) in enumerate(errors):
+        key = (error["location"], error["field"]) if from_union else index
         if key not in merged:
             merged[key] = error
         elif error["message"] not in merged[key]["message"]:
@@ -202,7 +203,7 @@ def _merge_alternatives(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def validation_errors(raw_errors: Sequence[Any], kind_tags: Iterable[str]) -> list[dict[str, Any]]:
     tags = list(kind_tags)
-    errors: list[dict[str, Any]] = []
+    errors: list[tuple[dict[str, Any], bool]] = []
     for raw in _drop_other_alternatives(raw_errors):
         where, field = _field_path(raw.get("loc", ()), tags)
         error_type = str(raw.get("type", "value_error"))
@@ -231,7 +232,7 @@ def validation_errors(raw_errors: Sequence[Any], kind_tags: Iterable[str]) -> li
             error["constraint"] = context
         if "input" in raw and not isinstance(raw["input"], dict | list) and error_type != "json_invalid":
             error["input"] = _json_safe(raw["input"])
-        errors.append(error)
+        errors.append((error, _union_branch(raw.get("loc", ())) is not None))
     return _merge_alternatives(errors)
 
 

@@ -327,7 +327,7 @@ def test_with_auth_off_there_is_one_owner_and_nothing_to_hide(client, monkeypatc
 @pytest.mark.parametrize(
     ("method", "path", "allowed"),
     [("PUT", "/v1/jobs", {"GET", "POST"}), ("DELETE", "/v1/jobs", {"GET", "POST"}),
-     ("DELETE", "/v1/jobs/some-id", {"GET"}), ("PUT", "/v1/datasets", {"GET", "POST"}),
+     ("PUT", "/v1/jobs/some-id", {"GET", "DELETE"}), ("PUT", "/v1/datasets", {"GET", "POST"}),
      ("POST", "/v1/datasets/some-id", {"GET", "DELETE"}), ("GET", "/v1/jobs/some-id/cancel", {"POST"})],
 )
 def test_405_allow_lists_every_method_of_the_path(client, alice, method, path, allowed) -> None:

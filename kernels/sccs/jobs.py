@@ -22,6 +22,7 @@ from kernels.sccs import ccd, gpu, synthetic, transfer
 from kernels.sccs import cv as crossval
 from kernels.sccs.data import BuiltData, SccsData, build_from_tables, eras_from_person_data
 from kernels.sccs.model import Prior
+from kernels.sccs.profile import ProfileInterval, profile_intervals
 from kernels.sccs.spec import (
     BootstrapSpec,
     Coefficient,
@@ -212,11 +213,37 @@ def _relative_incidence(estimate: float) -> float:
     return math.exp(estimate) if estimate < 700 else math.inf
 
 
-def _coefficients(inputs: _FitInputs, beta: np.ndarray, boot_result: boot.BootstrapResult | None) -> list[Coefficient]:
+def _profile(params: SccsParams, inputs: _FitInputs, result: ccd.FitResult, variance: float,
+             ctx: RunContext) -> dict[int, ProfileInterval]:
+    """Profile intervals of the requested covariates (column index -> interval); unknown ids name the field."""
+    spec = params.profile
+    assert spec is not None
+    ids = inputs.data.covariate_ids.tolist()
+    wanted = ids if spec.covariates is None else spec.covariates
+    unknown = sorted(set(wanted) - set(ids))
+    if unknown:
+        raise ValueError(f"profile.covariates: covariateId {unknown[0]} is not a covariate of the fit "
+                         f"(unknown: {unknown[:10]})")
+    columns = [ids.index(covariate) for covariate in wanted]
+    prior = inputs.prior.with_variance(variance) if inputs.prior.kind != "none" else inputs.prior
+    options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, "float64")
+    ctx.progress(0.9, f"profile likelihood of {len(columns)} covariates")
+    intervals = profile_intervals(inputs.data, prior, result, columns, spec.level, options)
+    return {interval.covariate: interval for interval in intervals}
+
+
+def _maybe_exp(value: float | None) -> float | None:
+    return None if value is None else _relative_incidence(value)
+
+
+def _coefficients(inputs: _FitInputs, beta: np.ndarray, boot_result: boot.BootstrapResult | None,
+                  profiles: dict[int, ProfileInterval] | None = None) -> list[Coefficient]:
     laplace = inputs.prior.kind == "laplace"
+    profiles = profiles or {}
     coefficients = []
     for j, covariate_id in enumerate(inputs.data.covariate_ids.tolist()):
         estimate = float(beta[j])
+        profiled = profiles.get(j)
         coefficients.append(Coefficient(
             covariate_id=int(covariate_id),
             name=inputs.names[j],
@@ -227,6 +254,10 @@ def _coefficients(inputs: _FitInputs, beta: np.ndarray, boot_result: boot.Bootst
             relative_incidence_ci_lower=_relative_incidence(float(boot_result.ci_lower[j])) if boot_result else None,
             relative_incidence_ci_upper=_relative_incidence(float(boot_result.ci_upper[j])) if boot_result else None,
             nonzero_share=float(boot_result.nonzero_share[j]) if boot_result and laplace else None,
+            profile_ci_lower=profiled.lower if profiled else None,
+            profile_ci_upper=profiled.upper if profiled else None,
+            relative_incidence_profile_ci_lower=_maybe_exp(profiled.lower) if profiled else None,
+            relative_incidence_profile_ci_upper=_maybe_exp(profiled.upper) if profiled else None,
         ))
     return coefficients
 
@@ -244,11 +275,12 @@ def _cv_curve(cv_result: crossval.CvResult) -> list[CvPoint]:
 def _fit_result(
     params: SccsParams, inputs: _FitInputs, variance: float, result: ccd.FitResult,
     cv_result: crossval.CvResult | None, boot_result: boot.BootstrapResult | None,
+    profiles: dict[int, ProfileInterval] | None = None,
 ) -> SccsResult:
     data, prior = inputs.data, inputs.prior
     cv_spec, boot_spec = params.cross_validation, params.bootstrap
     return SccsResult(
-        coefficients=_coefficients(inputs, result.beta, boot_result),
+        coefficients=_coefficients(inputs, result.beta, boot_result, profiles),
         log_likelihood=result.log_likelihood,
         log_posterior=result.log_posterior,
         variance=None if prior.kind == "none" else float(variance),
@@ -288,8 +320,12 @@ def run_fit(params: SccsParams, ctx: RunContext) -> SccsResult:
     boot_result = None
     if params.bootstrap is not None:
         boot_result = _bootstrap(plan, params.bootstrap, variance, result.beta)
+    profiles = None
+    if params.profile is not None:
+        with ctx.stage("profile"):
+            profiles = _profile(params, inputs, result, variance, ctx)
     ctx.save_artifact("coefficients", pd.DataFrame({"covariateId": inputs.data.covariate_ids, "estimate": result.beta}))
-    return _fit_result(params, inputs, variance, result, cv_result, boot_result)
+    return _fit_result(params, inputs, variance, result, cv_result, boot_result, profiles)
 
 
 # -- person-level data to eras ---------------------------------------------------------------------------

@@ -76,6 +76,14 @@ class BootstrapSpec(_Section):
     seed: int = Field(default=DEFAULT_BOOTSTRAP_SEED, ge=0, le=2**63 - 1, description="Philox key of the resamples")
 
 
+class ProfileSpec(_Section):
+    covariates: list[int] | None = Field(
+        default=None, min_length=1, max_length=1000,
+        description="covariateIds to profile (default: every covariate of the fit)",
+    )
+    level: float = Field(default=0.95, gt=0.5, lt=1.0, description="confidence level of the intervals")
+
+
 class SccsParams(JobParams):
     outcomes_dataset_id: str = Field(
         min_length=1, max_length=100, description="table rowId, stratumId (case), time (days), y (events)"
@@ -89,6 +97,10 @@ class SccsParams(JobParams):
     prior: PriorSpec = Field(default_factory=PriorSpec)
     cross_validation: CrossValidationSpec | None = Field(default=None, description="choose the variance by CV")
     bootstrap: BootstrapSpec | None = Field(default=None, description="percentile intervals by case resampling")
+    profile: ProfileSpec | None = Field(
+        default=None, description="profile-likelihood intervals (Cyclops's profile confint) of the posterior "
+        "the fit maximises; on the host, one constrained CCD refit per evaluation (docs/sccs.md)",
+    )
     tolerance: float = Field(default=5e-4, gt=0.0, le=1.0, description="convergence tolerance")
     max_iterations: int = Field(default=1000, ge=1, le=100_000, description="cycles over all coordinates")
     convergence: Literal["xbeta", "gradient"] = Field(
@@ -119,6 +131,17 @@ class Coefficient(ResultPart):
         default=None, description="relative-incidence scale: exp(ci_upper)"
     )
     nonzero_share: float | None = Field(default=None, description="share of bootstrap replicates with b != 0 (L1)")
+    profile_ci_lower: float | None = Field(
+        default=None, description="log scale: lower end of the profile-likelihood interval (null: not profiled, "
+        "or the profile does not fall to the threshold on that side: an open interval)",
+    )
+    profile_ci_upper: float | None = Field(default=None, description="log scale: upper end (as profile_ci_lower)")
+    relative_incidence_profile_ci_lower: float | None = Field(
+        default=None, description="relative-incidence scale: exp(profile_ci_lower)"
+    )
+    relative_incidence_profile_ci_upper: float | None = Field(
+        default=None, description="relative-incidence scale: exp(profile_ci_upper)"
+    )
 
 
 class CvPoint(ResultPart):

@@ -140,5 +140,6 @@ def test_state_evaluator_and_monte_carlo_on_the_gpu_equal_numpy() -> None:
     # there at about 1e-9, and the path costs that sum them over 40 periods at 1e-9 (measured on the H100: 1.2e-9)
     np.testing.assert_allclose(runs["cupy"].costs["myopic"].mean, runs["numpy"].costs["myopic"].mean, rtol=1e-10)
     np.testing.assert_allclose(runs["cupy"].costs["optimal"].mean, runs["numpy"].costs["optimal"].mean, rtol=1e-8)
+    # the difference (about 0.02) carries the optimal cost's absolute gap (1e-8 at costs near 9; H100: 1.04e-8)
     np.testing.assert_allclose(runs["cupy"].differences[("myopic", "optimal")].mean,
-                               runs["numpy"].differences[("myopic", "optimal")].mean, rtol=1e-7, atol=1e-9)
+                               runs["numpy"].differences[("myopic", "optimal")].mean, rtol=0, atol=1e-7)

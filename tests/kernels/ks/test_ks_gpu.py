@@ -5,6 +5,9 @@ Imports numerics modules only (the GPU machine has no pydantic/pandas).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -73,18 +76,40 @@ def test_egm_kernels_equal_numpy(method: str, mu: float) -> None:
     assert converged.converged
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_panel_kernel_equals_numpy(method: str) -> None:
-    cp = _cupy()
+@dataclasses.dataclass
+class _PanelCase:
+    """A panel on fresh random inputs and its NumPy simulation (the reference of the GPU panel tests)."""
+
+    cal: Calibration
+    grids: Grids
+    seed: int
+    n: int
+    policy: np.ndarray
+    k0: np.ndarray
+    e0: np.ndarray
+    a_path: np.ndarray
+    ref: Any
+
+
+def _panel_case(method: str, n: int = 200_003, periods: int = 120) -> _PanelCase:
+    # odd n: partial blocks and the grid-stride tail
     cal, grids = Calibration(), Grids()
     seed = _fresh_seed()
-    n, periods = 200_003, 120  # odd n: partial blocks and the grid-stride tail
     problem = EulerProblem(np, cal, grids, method)
     policy = solve_policy(np, problem, REFERENCE_ALM, initial_policy(np, grids), PolicySettings(tolerance=1e-6)).policy
     k0 = 5.0 + 70.0 * rng.uniform(np, seed, 7, np.arange(n, dtype=np.uint64)) ** 2
     e0 = initial_employment(np, cal, seed, n, 0)
     a_path = aggregate_path(cal, seed, periods + 1)
     ref = simulate_panel(np, cal, grids, method, policy, k0, e0, a_path, seed)
+    return _PanelCase(cal, grids, seed, n, policy, k0, e0, a_path, ref)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_panel_kernel_equals_numpy(method: str) -> None:
+    cp = _cupy()
+    case = _panel_case(method)
+    cal, grids, seed, policy, k0, e0, a_path, ref = (case.cal, case.grids, case.seed, case.policy, case.k0,
+                                                     case.e0, case.a_path, case.ref)
     got = simulate_panel(cp, cal, grids, method, cp.asarray(policy), cp.asarray(k0), cp.asarray(e0), a_path, seed,
                          use_kernel=True)
     assert _rel(got.capital_path, ref.capital_path) < 1e-12
@@ -262,15 +287,9 @@ def test_multi_gpu_panel_equals_numpy_and_one_gpu(method: str) -> None:
     from kernels.ks.simulate import MultiGpuPanel
 
     cp = _cupy()
-    cal, grids = Calibration(), Grids()
-    seed = _fresh_seed()
-    n, periods = 200_003, 120
-    problem = EulerProblem(np, cal, grids, method)
-    policy = solve_policy(np, problem, REFERENCE_ALM, initial_policy(np, grids), PolicySettings(tolerance=1e-6)).policy
-    k0 = 5.0 + 70.0 * rng.uniform(np, seed, 7, np.arange(n, dtype=np.uint64)) ** 2
-    e0 = initial_employment(np, cal, seed, n, 0)
-    a_path = aggregate_path(cal, seed, periods + 1)
-    ref = simulate_panel(np, cal, grids, method, policy, k0, e0, a_path, seed)
+    case = _panel_case(method)
+    cal, grids, seed, n, policy, k0, e0, a_path, ref = (case.cal, case.grids, case.seed, case.n, case.policy,
+                                                        case.k0, case.e0, case.a_path, case.ref)
     one = CudaPanel(cp, cal, grids, method, np.float64, n, a_path, seed).simulate(
         cp.asarray(policy), cp.asarray(k0), cp.asarray(e0))
     devices = tuple(range(_device_count()))

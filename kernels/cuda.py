@@ -191,15 +191,24 @@ def warm_up() -> int:
 
 
 def compile_for_arch(arch: str) -> int:
-    """Compile every declared source's warm-up variants with NVRTC to PTX for ``arch`` (e.g. ``"90"``) without a
-    device: proves at image build time that NVRTC and the headers it needs are there (a CUDA ``-runtime`` image
-    lacks some, cupy#8466). Returns how many variants compiled; raises on the first that does not."""
-    from cupy.cuda import compiler  # only a GPU image calls this
+    """Compile every declared source's warm-up variants with NVRTC to PTX for ``compute_<arch>`` (e.g. ``"90"``)
+    without a device or a driver: proves at image build time that NVRTC and the headers it needs are there (a
+    CUDA ``-runtime`` image lacks some, cupy#8466). NVRTC is called directly: CuPy's compiler front end asks the
+    driver for versions, which a build host does not have. Returns how many variants compiled; raises with
+    NVRTC's log on the first that does not."""
+    from cupy_backends.cuda.libs import nvrtc  # only a GPU image calls this
 
     count = 0
     for source in declared_sources():
         for defines in source.warm_up_defines:
-            compiler.compile_using_nvrtc(source.text(), options=compile_options(source, dict(defines)), arch=arch)
+            program = nvrtc.createProgram(source.text(), source.name, [], [])
+            try:
+                nvrtc.compileProgram(program, [*compile_options(source, dict(defines)), f"-arch=compute_{arch}"])
+            except Exception as error:
+                log = nvrtc.getProgramLog(program).strip()
+                raise RuntimeError(f"{source.name} {dict(defines)}: {log.splitlines()[0] if log else error}") from error
+            finally:
+                nvrtc.destroyProgram(program)
             count += 1
     return count
 

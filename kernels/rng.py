@@ -91,6 +91,7 @@ STREAMS: Mapping[str, int] = MappingProxyType({
     "CRVE_MC_U_CLUSTER": 2,
     "CRVE_MC_X_INDIVIDUAL": 3,
     "CRVE_MC_U_INDIVIDUAL": 4,
+    "CRVE_MC_CLUSTER_SIZES": 6,  # unbalanced designs: each cluster's lognormal size factor, drawn once
     # CRVE bootstrap weights (kernels/crve/weights.py and its CUDA twin).
     "CRVE_WEIGHTS": 5,
     # CRVE synthetic data sets (kernels/crve/synthetic.py).

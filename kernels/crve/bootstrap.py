@@ -1,46 +1,56 @@
-"""Wild cluster bootstrap-t by the "fast and wild" algorithm (Roodman, MacKinnon, Nielsen & Webb 2019).
+"""Wild (cluster) bootstrap tests of linear restrictions by the "fast and wild" algorithm (Roodman, MacKinnon,
+Nielsen & Webb 2019), generalised to absorbed fixed effects of any structure, multiway variance clusters,
+regression weights and joint restrictions.
 
-Model y = X beta (+ one-way fixed effects, partialled out exactly by demeaning), CRV1 variance clustered by
-``cluster`` (G clusters), bootstrap weights drawn per ``bootcluster`` (H clusters; the variance clusters by
-default), H0: beta_j = r.
+Model y = X beta + D alpha + u, D the dummies of the absorbed fixed effects (partialled out: X~ = M_D X, see
+:mod:`kernels.crve.fixef`), regression weights w (all arrays below are the weighted ones, sqrt(w) times the
+demeaned values), variance clusters in one or more dimensions d (multiway: Cameron, Gelbach & Miller 2011,
+V = sum_d s_d V_d over the intersections with signs s_d), bootstrap weights drawn per bootstrap cluster h
+(``bootcluster``; by default the variance clusters, or with several dimensions the one with the fewest
+clusters, as MacKinnon, Nielsen & Webb 2021 recommend; every observation without clusters: the
+heteroskedastic wild bootstrap with HC1), H0: R beta = r with q rows.
 
-Derivation (all for the tested coefficient j; A = (X'X)^-1, a = A e_j, ~ denotes the bootstrap DGP's
-coefficients: the restricted estimate under WCR, beta-hat under WCU, and u~ its residuals). With weights v
-(one per bootstrap cluster h) the bootstrap sample is y* = X beta~ + v_h(i) u~_i, so
-    beta*_j - beta~_j = sum_h v_h a'S_h,                            S_h = X_h'u~_h,
-and the bootstrap residuals' cluster scores, projected on a, are
-    a'X_g'u*_g = sum_h v_h M_gh,   M_gh = a'S_gh - w_g'S_h - [P Q]_gh,
-with S_gh = X_gh'u~_gh over the rows in variance cluster g and bootstrap cluster h, w_g = A X_g'X_g a,
-and P Q the correction for fixed effects that cross the variance clusters (zero when they are nested):
-P_gf = a' sum_{i in g, f} x_i, Q_fh = sum_{i in f, h} u~_i / n_f. Hence for a whole matrix V (H x B) of
-draws at once: numerators c'V with c_h = a'S_h, and D = M V (G x B) whose column sums of squares are the
-CRV1 variances. M is never formed: T1 (the a'S_gh, diagonal when the bootstrap and variance clusters
-coincide) is sparse, W S' has rank k, P Q goes through the F fixed-effect levels. Each draw costs O(G k).
+Derivation (A = (X~'X~)^-1, the directions a_l = A R_l', ~ the bootstrap DGP's coefficients: the restricted
+estimate under WCR, beta-hat under WCU, u~ their residuals). The bootstrap sample is y* = X beta~ + D alpha~ +
+v_h(i) u~_i; re-estimated with the fixed effects absorbed (X~'M_D = X~'),
+    R_l(beta* - beta~) = sum_h v_h a_l'S_h,                        S_h = X~_h'u~_h,
+and the bootstrap residuals' scores of variance cluster g of dimension d, projected on a_l, are
+    a_l'X~_g'u*_g = sum_h v_h M_gh,   M_gh = a_l'S_gh - w_g'S_h - K_gh,
+with S_gh = X~_gh'u~_gh over the rows in g and h, w_g = A X~_g'X~_g a_l and K the projection of the perturbed
+residuals on the fixed effects, K_gh = P_g'(D'WD)^- Q_h with P_g = D'(1_g a_l'X~') and Q_h = D'(1_h u~): it
+vanishes for a fixed effect nested in the dimension's clusters (its levels' sums of X~ are zero) and is applied
+through the Schur complement of :class:`kernels.crve.fixef.Gram` otherwise. So for a matrix V (H x B) of draws:
+numerators C'V (q x B) and, per dimension, D_d = M_d V (q G_d x B), whose products give each draw's variance
+f sum_d s_d D_d D_d'. M is never formed: T1 (the a'S_gh) is sparse (diagonal when the clusters coincide), W S'
+has rank k and K is factored through the fixed-effect levels. Each draw costs O(q G k).
 
-Everything needed comes from the pair statistics X_gh'X_gh and X_gh'y_gh (one pass over the N rows); every
-quantity above is affine in the null value r (u~ is), which makes the confidence interval by test
-inversion cheap: t*_b(r) = (n_b - d m_b) / sqrt(s (q_b - 2 d p_b + d^2 o_b)), d = r - r0, from five numbers
-per draw.
+Everything comes from the statistics X~_c'X~_c and X~_c'y~_c of the cells c (the combinations of every
+variance dimension's cluster and the bootstrap cluster that occur; one pass over the N rows) and, with crossing
+fixed effects, their sums per (level, cluster). Every quantity is affine in r (u~ is), so for one restriction
+the confidence interval by test inversion needs five numbers per draw:
+t*_b(r) = (n_b - d m_b) / sqrt(f (q_b - 2 d p_b + d^2 o_b)), d = r - r0.
 
-p-values (full enumeration of the 2^H Rademacher sign vectors when 2^H < B), their tie rule and the
-confidence interval by test inversion: :mod:`kernels.crve.inference`.
+Joint restrictions (q > 1): the bootstrap Wald statistic W* = (R beta* - R beta~)'(R V* R')^-1 (R beta* - R beta~)
+against W = (R beta - r)'(R V R')^-1 (R beta - r); p = share of draws with W* > W.
 
-Small-sample factor with an absorbed fixed effect of F levels (fixest's default ``ssc(fixef.K = "nested")``,
-renamed ``K.fixef = "nonnested"`` in fixest 0.13): G/(G-1) (N-1)/(N-k) with k = the regressors plus F when the
-fixed effect crosses the variance clusters (as OLS on explicit dummies counts them, e.g. statsmodels), the
-regressors plus 1 when every level lies within one variance cluster (nested: fixest drops the levels but keeps
-one parameter for the constant they absorbed; pyfixest does the same). The nested case's SE is therefore the
-dummy regression's SE times sqrt((N - k_x - F) / (N - k_x - 1)), k_x the regressors.
+Small-sample factor (pyfixest's and fixest's defaults, docs/crve.md): f = G/(G-1) (N-1)/(N-k) with G the
+fewest clusters of any dimension (``G_df = "min"``) and k the regressors plus the fixed effects' levels, less
+one per fixed effect after the first, less the levels of each fixed effect nested in a cluster dimension plus
+one for each such; HC1: f = N/(N-k). With multiway clusters the reported covariance is made positive
+semi-definite by zeroing negative eigenvalues (fixest, reghdfe); the test statistics use the variance as
+computed, like their bootstrap counterparts, and a draw whose variance is not positive has no t* (NaN) and
+is left out of the p-value (its share is reported).
 
-The stages (each a function below, timed as a stage): reduce the rows to pair statistics, estimate on the
-host, apply the bootstrap operator to blocks of draws, infer. Facts and conventions: docs/crve.md.
+p-values (full enumeration of the 2^H Rademacher sign vectors when 2^H < B), the tie rule and the confidence
+interval by test inversion: :mod:`kernels.crve.inference`. Facts and conventions: docs/crve.md.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
@@ -48,24 +58,40 @@ import numpy as np
 from scipy import stats
 
 from kernels.backend import is_numpy, to_host
+from kernels.crve.fixef import (
+    FixedEffect,
+    Gram,
+    demean,
+    dense,
+    drop_singletons,
+    grouped_table,
+    is_nested,
+    recode,
+    sparse_matrix,
+)
+from kernels.crve.hypothesis import Restrictions
 from kernels.crve.inference import P_VALUE_TYPES, PValueCurve, analytic_p_values, p_values_from
-from kernels.crve.ols import cluster_sums, small_sample_factor
-from kernels.crve.pairs import pair_statistics_host
+from kernels.crve.ols import cluster_sums
+from kernels.crve.pairs import pair_statistics, pair_statistics_host
 from kernels.crve.weights import draw_weights, enumerated_weights, use_enumeration
 from kernels.timing import StageTimer
 
 Report = Callable[[float, str], None]
-
-# Parameters a fixed effect nested in the variance clusters adds to the small-sample factor's k: fixest drops
-# its levels but keeps one for the constant they absorbed (R/VCOV.R, "All FEs are removed, we add 1 for the
-# intercept"; lrberge/fixest#116). docs/crve.md, "CRV1 and the small-sample factor".
-NESTED_FE_PARAMS = 1
+# On CuPy, cells above this count keep their statistics and the bootstrap operator's algebra on the device
+# (many clusters, the intersections of multiway clusters, the heteroskedastic bootstrap's cell per row); up to
+# it the small algebra runs on the host, where it is cheaper than the launch latency of many tiny GPU
+# operations.
+HOST_CELLS = 10_000
+BOOTSTRAP_TYPES = ("11", "13", "31", "33")
+QUADRATIC_MAX_H = 4_096  # the H x H quadratic forms (_add_quadratic_forms): at most 128 MB each
+QUADRATIC_MAX_CELLS = 50_000_000  # the dense M_d (G_d x H) they are formed from
 
 
 @dataclass(frozen=True)
 class BootstrapOptions:
-    param: int  # column index of the tested coefficient
+    param: int | None = None  # column index of the tested coefficient (H0: beta_param = r) ...
     r: float = 0.0
+    restrictions: Restrictions | None = None  # ... or R beta = r (one row: a t test; several: a Wald test)
     reps: int = 999
     weights_type: str = "rademacher"
     impose_null: bool = True
@@ -77,6 +103,15 @@ class BootstrapOptions:
     draw_chunk: int | None = None  # draws per chunk; None: sized so a chunk's G x B block stays bounded
     block_elements: int = 4_000_000  # bound on the G x chunk arrays when draw_chunk is None
     draw_base: int = 0  # Philox address of draw 0's first weight (a Monte Carlo replication's block)
+    fixef_method: str = "auto"  # "auto", "map" or "direct" (kernels.crve.fixef)
+    fixef_tol: float = 1e-8
+    fixef_maxiter: int = 10_000
+    drop_singletons: bool = True
+    crv3: bool = False  # also the CRV3 (jackknife) covariance (BootstrapOutcome.covariance_crv3)
+    # MacKinnon, Nielsen & Webb (2023) variants as wildboottest and fwildclusterboot name them: the first digit
+    # the bootstrap DGP's residuals (1: of the (restricted) fit; 3: of the fit leaving the bootstrap cluster
+    # out, the jackknife), the second the variance of t and t* (1: CRV1; 3: CRV3).
+    bootstrap_type: str = "11"
 
 
 @dataclass
@@ -85,13 +120,18 @@ class BootstrapData:
 
     x: Any  # (N, k) float64
     y: Any  # (N,) float64
-    cluster: Any  # (N,)
-    n_clusters: int
-    bootcluster: Any | None = None  # (N,) or None: the variance clusters
+    cluster: Any | None  # (N,) the variance clusters; None: heteroskedasticity-robust (no clusters)
+    n_clusters: int | None = None
+    bootcluster: Any | None = None  # (N,) or None: chosen from the variance clusters
     n_boot_clusters: int | None = None
-    fe: Any | None = None  # (N,) one-way fixed effect, absorbed
+    fe: Any | None = None  # (N,) a fixed effect, absorbed
     n_fe: int | None = None
     names: list[str] = field(default_factory=list)
+    more_clusters: list[tuple[Any, int]] = field(default_factory=list)  # further variance cluster dimensions
+    more_fe: list[tuple[Any, int]] = field(default_factory=list)  # further fixed effects
+    weights: Any | None = None  # (N,) regression weights >= 0 (rows of weight 0 are dropped)
+    cluster_names: list[str] = field(default_factory=list)
+    fe_names: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -99,22 +139,34 @@ class BootstrapOutcome:
     coefficients: np.ndarray
     standard_errors: np.ndarray
     covariance: np.ndarray
-    estimate: float
-    se: float
-    t_stat: float
-    p_values: dict[str, float]
+    restriction_estimate: np.ndarray  # R beta (q,)
+    estimate: float  # R beta (q = 1), or nan
+    se: float  # sqrt(R V R') (q = 1), or nan
+    t_stat: float  # (R beta - r) / se (q = 1), or nan
+    wald_stat: float | None  # q > 1
+    p_values: dict[str, float]  # q = 1: the four types; q > 1: {"wald": p}
     p_values_analytic: dict[str, float]
     conf_int: tuple[float | None, float | None] | None
-    conf_int_analytic: tuple[float, float]
-    t_boot: np.ndarray
+    conf_int_analytic: tuple[float, float] | None
+    t_boot: np.ndarray  # t* (q = 1) or W* (q > 1)
     reps_used: int
+    reps_undefined: int  # draws whose variance is not positive (multiway): left out of the p-values
     enumerated: bool
     n_obs: int
-    n_clusters: int
+    n_clusters: int  # the fewest clusters of any dimension (N without clusters)
+    cluster_counts: list[int]
     n_boot_clusters: int
+    bootcluster_name: str | None
     n_params_ssc: int
     ssc_factor: float
-    fe_nested: bool | None
+    df_t: int
+    fe_nested: bool | None  # the first fixed effect nested in the (first) variance clusters
+    fe_nested_all: list[bool]
+    fe_levels: list[int]
+    n_singletons: int
+    demeaning: dict[str, Any] | None
+    eigen_fixed: bool
+    covariance_crv3: np.ndarray | None = None
 
 
 def wild_cluster_bootstrap(
@@ -124,18 +176,72 @@ def wild_cluster_bootstrap(
     report: Report | None = None,
     timer: StageTimer | None = None,
 ) -> BootstrapOutcome:
-    """The wild cluster bootstrap-t of H0: beta_j = r; see the module docstring. ``timer`` times the stages
-    (reduce, estimate, draw_weights, bootstrap, inference); ``report`` gets the share of draws done."""
+    """The wild (cluster) bootstrap test of H0: R beta = r; see the module docstring. ``timer`` times the
+    stages (demean: dropping rows, absorbing fixed effects, weighting; reduce, estimate, draw_weights, bootstrap,
+    inference); ``report`` gets the share of draws done."""
     report = report or _no_report
-    _check_options(data, options)
-    with _stage(timer, "reduce"):
-        rows = _reduce_rows(xp, data)
+    rows, cells, fit = _fit_model(xp, data, options, timer)
     with _stage(timer, "estimate"):
-        fit = _estimate(rows, data, options)
-        operator = _bootstrap_operator(xp, rows, fit, data, options)
-    draws = _bootstrap_draws(xp, operator, data.n_clusters, rows.h_count, options, report, timer)
+        test = _hypothesis(fit, rows, data, options)
+        operator = _bootstrap_operator(xp, cells, rows, fit, test, options)
+    draws = _bootstrap_draws(xp, operator, cells.h_count, test.count, _draw_factor(fit, options), options, report,
+                             timer)  # fmt: skip
     with _stage(timer, "inference"):
-        return _infer(fit, draws, rows, data, options)
+        return _infer(fit, test, draws, cells, rows, options)
+
+
+def wild_bootstrap_family(
+    xp: ModuleType,
+    data: BootstrapData,
+    options: BootstrapOptions,
+    family: list[Restrictions],
+    report: Report | None = None,
+    timer: StageTimer | None = None,
+) -> list[BootstrapOutcome]:
+    """A family of single restrictions tested on one fit with the same draws (the weights are a function of
+    (seed, draw, cluster), so every member sees the same v): the inputs of the multiple-testing adjustments
+    (:func:`kernels.crve.inference.romano_wolf_p_values`). The rows are reduced and the model estimated once."""
+    report = report or _no_report
+    if not family:
+        raise ValueError("family: no restrictions")
+    options = replace(options, restrictions=family[0])
+    rows, cells, fit = _fit_model(xp, data, options, timer)
+    outcomes = []
+    for index, member in enumerate(family):
+        if member.count != 1:
+            raise ValueError("family: each member is a single restriction")
+        member_options = replace(options, restrictions=member)
+
+        def member_report(fraction: float, stage: str, index: int = index) -> None:
+            report((index + fraction) / len(family), f"hypothesis {index + 1}/{len(family)}: {stage}")
+
+        with _stage(timer, "estimate"):
+            test = _hypothesis(fit, rows, data, member_options)
+            operator = _bootstrap_operator(xp, cells, rows, fit, test, member_options)
+        draws = _bootstrap_draws(xp, operator, cells.h_count, 1, _draw_factor(fit, member_options), member_options,
+                                 member_report, timer)  # fmt: skip
+        with _stage(timer, "inference"):
+            outcomes.append(_infer(fit, test, draws, cells, rows, member_options))
+    return outcomes
+
+
+def _draw_factor(fit: _Fit, options: BootstrapOptions) -> float:
+    """The factor on every draw's variance sum: CRV1's small-sample factor, or 1 for CRV3 (its (G-1)/G is
+    inside the operator)."""
+    return 1.0 if options.bootstrap_type[1] == "3" else fit.factor
+
+
+def _fit_model(
+    xp: ModuleType, data: BootstrapData, options: BootstrapOptions, timer: StageTimer | None
+) -> tuple[_Rows, _Cells, _Fit]:
+    """The stages every test shares: the rows prepared, reduced to cells, the model estimated."""
+    with _stage(timer, "demean"):
+        rows = _prepare_rows(xp, data, options)
+    with _stage(timer, "reduce"):
+        cells = _reduce_cells(xp, rows)
+    with _stage(timer, "estimate"):
+        fit = _estimate(cells, rows, data, options)
+    return rows, cells, fit
 
 
 def _no_report(fraction: float, stage: str) -> None:
@@ -146,163 +252,669 @@ def _stage(timer: StageTimer | None, name: str) -> AbstractContextManager[None]:
     return nullcontext() if timer is None else timer.stage(name)
 
 
-def _check_options(data: BootstrapData, options: BootstrapOptions) -> None:
-    k = data.x.shape[1]
-    if options.p_val_type not in P_VALUE_TYPES:
-        raise ValueError(f"p_val_type must be one of {P_VALUE_TYPES}, not {options.p_val_type!r}")
-    if not 0 <= options.param < k:
-        raise ValueError(f"param index {options.param} outside the {k} regressors")
-    if data.n_clusters < 2:
-        raise ValueError("cluster: the variance cluster column has a single cluster; at least 2 are needed")
+# ----------------------------------------------------------------------------------------------- the rows
 
 
 @dataclass
-class _ReducedRows:
-    """All the later stages need from the N rows, on the host: the pair statistics and the fixed effect's."""
+class _Dimension:
+    """A variance cluster dimension (or an intersection of several, with its sign)."""
 
-    xtx_p: np.ndarray  # (P, k, k)
-    xty_p: np.ndarray  # (P, k)
-    pair_g: np.ndarray  # (P,) each pair's variance cluster
-    pair_h: np.ndarray  # (P,) each pair's bootstrap cluster
+    codes: Any  # (N,) on xp
+    count: int
+    sign: float
+
+
+@dataclass
+class _Rows:
+    """The N rows after dropping, demeaning and weighting, on xp."""
+
+    x: Any  # sqrt(w) M_D x
+    y: Any
+    sqrt_w: Any | None
+    dimensions: list[_Dimension]
+    cluster_counts: list[int]
+    boot: Any  # (N,) bootstrap cluster codes
     h_count: int
-    fe_nested: bool | None
-    n_fe_params: int  # what the fixed effect adds to the small-sample factor's k: F, or 1 when nested
-    fe_counts: np.ndarray | None  # (F,) rows per level
-    fe_cells: _FeCells | None  # only for a fixed effect crossing the variance clusters
+    bootcluster_name: str | None
+    fixed_effects: list[FixedEffect]
+    fe_nested: list[bool]  # per fixed effect: nested in some variance dimension (the small-sample count)
+    fe_crossing: list[list[bool]]  # per dimension, per fixed effect: crosses the dimension's clusters
+    gram: Gram | None  # when some fixed effect crosses some dimension
+    n_singletons: int
+    demeaning: dict[str, Any] | None
+    heteroskedastic: bool
 
 
-def _reduce_rows(xp: ModuleType, data: BootstrapData) -> _ReducedRows:
-    """Absorb the fixed effect and reduce the rows to pair statistics: the one pass over the N rows on xp."""
-    x, y = data.x, data.y
-    fe_nested = None
-    n_fe_params = 0
-    fe_counts = None
-    if data.fe is not None:
-        x, fe_counts = demean(xp, x, data.fe, data.n_fe)
-        y, _ = demean(xp, y, data.fe, data.n_fe)
-        fe_nested = _is_nested(xp, data.fe, data.cluster, data.n_fe)
-        n_fe_params = NESTED_FE_PARAMS if fe_nested else data.n_fe
-    h_count, pair_codes, pair_count, pair_g, pair_h = _pairs(xp, data)
-    if h_count < 2:
-        raise ValueError("bootcluster: the bootstrap cluster column has a single cluster; at least 2 are needed")
-    # The small dense algebra (k x k, P x k) runs on the host: on the GPU it is launch-latency bound. The N
-    # rows (here) and the G x B draws (_bootstrap_draws) stay on xp.
-    xtx_p, xty_p = pair_statistics_host(xp, x, y, pair_codes, pair_count)
-    fe_cells = None
-    if data.fe is not None and not fe_nested:
-        fe_cells = _fe_cells(xp, x, y, data, h_count)
-    return _ReducedRows(
-        xtx_p=xtx_p,
-        xty_p=xty_p,
-        pair_g=to_host(pair_g),
-        pair_h=to_host(pair_h),
+def _cluster_list(data: BootstrapData) -> list[tuple[Any, int]]:
+    if data.cluster is None:
+        if data.more_clusters:
+            raise ValueError("cluster: further cluster dimensions need a first one")
+        return []
+    return [(data.cluster, data.n_clusters), *data.more_clusters]
+
+
+def _fixed_effect_list(data: BootstrapData) -> list[FixedEffect]:
+    pairs = ([] if data.fe is None else [(data.fe, data.n_fe)]) + list(data.more_fe)
+    names = data.fe_names or [f"fe{index + 1}" for index in range(len(pairs))]
+    return [FixedEffect(name, codes, count) for name, (codes, count) in zip(names, pairs, strict=True)]
+
+
+def _prepare_rows(xp: ModuleType, data: BootstrapData, options: BootstrapOptions) -> _Rows:
+    """Drop rows of weight zero and singletons, demean, weight; the variance dimensions and bootstrap clusters."""
+    n_obs, k = data.x.shape
+    _check_options(data, options, k)
+    clusters = _cluster_list(data)
+    fixed_effects = _fixed_effect_list(data)
+    boot = None if data.bootcluster is None else (data.bootcluster, data.n_boot_clusters)
+    keep = xp.ones(n_obs, dtype=bool)
+    if data.weights is not None:
+        keep &= data.weights > 0
+    if options.drop_singletons and fixed_effects:
+        keep = drop_singletons(xp, fixed_effects, keep)
+    n_kept = int(keep.sum())
+    n_singletons = n_obs - n_kept - (0 if data.weights is None else int((data.weights <= 0).sum()))
+    x, y, weights = data.x, data.y, data.weights
+    if n_kept < n_obs:
+        x, y = x[keep], y[keep]
+        weights = None if weights is None else weights[keep]
+        clusters = [recode(xp, codes[keep]) for codes, _ in clusters]
+        boot = None if boot is None else recode(xp, boot[0][keep])
+        fixed_effects = [FixedEffect(e.name, *recode(xp, e.codes[keep])) for e in fixed_effects]
+    demeaning = None
+    gram = None
+    values = xp.concatenate([x, y[:, None]], axis=1)
+    dimension_codes = _dimension_codes(xp, clusters)
+    fe_crossing = [
+        [not is_nested(xp, e.codes, e.count, codes) for e in fixed_effects] for codes, _, _ in dimension_codes
+    ]
+    heteroskedastic = not clusters
+    if heteroskedastic:
+        fe_crossing = [[True] * len(fixed_effects)]
+    if fixed_effects:
+        if any(any(row) for row in fe_crossing) or options.fixef_method == "direct":
+            gram = Gram(xp, fixed_effects, weights)
+        result = demean(
+            xp, values, fixed_effects, weights, options.fixef_method, options.fixef_tol, options.fixef_maxiter, gram
+        )
+        if not result.converged:
+            raise ValueError(
+                f"fixef_maxiter: demeaning by alternating projections did not converge to fixef_tol="
+                f"{options.fixef_tol:g} in {options.fixef_maxiter} iterations; raise fixef_maxiter or fixef_tol"
+            )
+        values = result.values
+        demeaning = {"method": result.method, "iterations": result.iterations, "tol": options.fixef_tol}
+    sqrt_w = None if weights is None else xp.sqrt(weights)
+    if sqrt_w is not None:
+        values = values * sqrt_w[:, None]
+    if heteroskedastic:
+        rows_codes = xp.arange(n_kept, dtype=xp.int64)
+        dimensions = [_Dimension(rows_codes, n_kept, 1.0)]
+        boot_codes, h_count, boot_name = rows_codes, n_kept, None
+    else:
+        dimensions = [_Dimension(codes, count, sign) for codes, count, sign in dimension_codes]
+        boot_codes, h_count, boot_name = _bootstrap_clusters(clusters, boot, data)
+    fe_nested = [not all(row[index] for row in fe_crossing) for index in range(len(fixed_effects))]
+    if heteroskedastic:
+        fe_nested = [False] * len(fixed_effects)
+    return _Rows(
+        x=xp.ascontiguousarray(values[:, :k]),
+        y=xp.ascontiguousarray(values[:, k]),
+        sqrt_w=sqrt_w,
+        dimensions=dimensions,
+        cluster_counts=[count for _, count in clusters] if clusters else [n_kept],
+        boot=boot_codes,
         h_count=h_count,
+        bootcluster_name=boot_name,
+        fixed_effects=fixed_effects,
         fe_nested=fe_nested,
-        n_fe_params=n_fe_params,
-        fe_counts=None if fe_counts is None else to_host(fe_counts),
-        fe_cells=fe_cells,
+        fe_crossing=fe_crossing,
+        gram=gram,
+        n_singletons=n_singletons,
+        demeaning=demeaning,
+        heteroskedastic=heteroskedastic,
     )
 
 
-def _pairs(xp: ModuleType, data: BootstrapData) -> tuple[int, Any, int, Any, Any]:
-    """H, each row's pair code, the number of pairs P, and each pair's variance and bootstrap cluster."""
-    g_count = data.n_clusters
-    if data.bootcluster is None:
-        pair_g = pair_h = xp.arange(g_count)
-        return g_count, data.cluster, g_count, pair_g, pair_h
-    h_count = data.n_boot_clusters
-    key = data.cluster * h_count + data.bootcluster
-    unique_keys, pair_codes = xp.unique(key, return_inverse=True)
-    pair_codes = pair_codes.reshape(-1)
-    pair_count = int(unique_keys.shape[0])
-    return h_count, pair_codes, pair_count, unique_keys // h_count, unique_keys % h_count
+def _check_options(data: BootstrapData, options: BootstrapOptions, k: int) -> None:
+    if options.p_val_type not in P_VALUE_TYPES:
+        raise ValueError(f"p_val_type must be one of {P_VALUE_TYPES}, not {options.p_val_type!r}")
+    if options.restrictions is None and (options.param is None or not 0 <= options.param < k):
+        raise ValueError(f"param index {options.param} outside the {k} regressors")
+    if options.restrictions is not None and options.restrictions.matrix.shape[1] != k:
+        raise ValueError(f"the restrictions have {options.restrictions.matrix.shape[1]} columns for {k} regressors")
+    if options.bootstrap_type not in BOOTSTRAP_TYPES:
+        raise ValueError(f"bootstrap_type must be one of {BOOTSTRAP_TYPES}, not {options.bootstrap_type!r}")
+    if options.bootstrap_type != "11":
+        if data.cluster is None:
+            raise ValueError("bootstrap_type: the jackknife variants need clusters (cluster is null: HC1)")
+        if options.restrictions is not None and options.restrictions.count > 1:
+            raise ValueError("bootstrap_type: the jackknife variants test one restriction (not a joint Wald test)")
+    for _, count in _cluster_list(data):
+        if count < 2:
+            raise ValueError("cluster: a variance cluster column has a single cluster; at least 2 are needed")
+
+
+def _dimension_codes(xp: ModuleType, clusters: list[tuple[Any, int]]) -> list[tuple[Any, int, float]]:
+    """Every non-empty subset of the cluster dimensions as one clustering (their intersection), with the sign
+    (-1)^(size + 1) of the inclusion-exclusion formula (Cameron, Gelbach & Miller 2011)."""
+    out = []
+    for size in range(1, len(clusters) + 1):
+        for subset in itertools.combinations(range(len(clusters)), size):
+            codes, count = clusters[subset[0]]
+            for index in subset[1:]:
+                other, other_count = clusters[index]
+                codes, count = recode(xp, codes * other_count + other)
+            out.append((codes, count, 1.0 if size % 2 else -1.0))
+    return out
+
+
+def _bootstrap_clusters(
+    clusters: list[tuple[Any, int]], boot: tuple[Any, int] | None, data: BootstrapData
+) -> tuple[Any, int, str | None]:
+    if boot is not None:
+        return boot[0], boot[1], "bootcluster"
+    counts = [count for _, count in clusters]
+    index = int(np.argmin(counts))  # with several dimensions the one with the fewest clusters (MNW 2021)
+    name = data.cluster_names[index] if index < len(data.cluster_names) else None
+    return clusters[index][0], clusters[index][1], name
+
+
+# ---------------------------------------------------------------------------------------------- the cells
+
+
+@dataclass
+class _Cells:
+    """The cells' statistics and memberships on the namespace ``ns`` (NumPy, or xp for many cells)."""
+
+    ns: ModuleType
+    xtx: Any  # (P, k, k)
+    xty: Any  # (P, k)
+    dim_codes: list[Any]  # per dimension: each cell's cluster (P,)
+    boot: Any  # (P,) each cell's bootstrap cluster
+    h_count: int
+    codes: Any  # (N,) each row's cell, on xp
+
+
+def _reduce_cells(xp: ModuleType, rows: _Rows) -> _Cells:
+    """One pass over the rows: each cell's X~'X~ and X~'y~."""
+    if rows.heteroskedastic or (len(rows.dimensions) == 1 and rows.boot is rows.dimensions[0].codes):
+        codes, count = rows.boot, rows.h_count  # the cells are the clusters themselves
+    else:
+        first = rows.dimensions[: len(rows.cluster_counts)]
+        keys = [(dimension.codes, dimension.count) for dimension in first]
+        if not any(rows.boot is dimension.codes for dimension in first):  # a dimension bootstrapped adds nothing
+            keys.append((rows.boot, rows.h_count))
+        codes, count = keys[0]
+        for other, other_count in keys[1:]:
+            codes, count = recode(xp, codes * other_count + other)
+    on_host = is_numpy(xp) or count <= HOST_CELLS
+    ns = np if on_host else xp
+    if on_host:
+        xtx, xty = pair_statistics_host(xp, rows.x, rows.y, codes, count)
+    elif rows.heteroskedastic:
+        xtx, xty = rows.x[:, :, None] * rows.x[:, None, :], rows.x * rows.y[:, None]
+    else:
+        xtx, xty = pair_statistics(xp, rows.x, rows.y, codes, count)
+    first_row = _first_row_of_each(xp, codes, count)
+    move = to_host if on_host else (lambda array: array)
+    dim_codes = [move(dimension.codes[first_row]) for dimension in rows.dimensions]
+    return _Cells(ns, xtx, xty, dim_codes, move(rows.boot[first_row]), rows.h_count, codes)
+
+
+def _first_row_of_each(xp: ModuleType, codes: Any, count: int) -> Any:
+    first = xp.full(count, codes.shape[0], dtype=xp.int64)
+    if is_numpy(xp):
+        np.minimum.at(first, codes, np.arange(codes.shape[0]))
+        return first
+    import cupyx
+
+    cupyx.scatter_min(first, codes, xp.arange(codes.shape[0], dtype=xp.int64))
+    return first
+
+
+# ------------------------------------------------------------------------------------------- the estimate
 
 
 @dataclass
 class _Fit:
-    """OLS and CRV1 on the host, and the bootstrap DGP's coefficients at the null r0 (see the docstring)."""
-
     beta: np.ndarray
-    a_full: np.ndarray  # (X'X)^-1
-    xtx_g: np.ndarray  # (G, k, k) X_g'X_g
-    covariance: np.ndarray
-    se_all: np.ndarray
-    factor: float  # the small-sample factor
+    a_full: np.ndarray  # (X'X)^-1, host
+    covariance_raw: np.ndarray
+    covariance: np.ndarray  # positive semi-definite (eigenvalues clipped) with several dimensions
+    eigen_fixed: bool
+    factor: float
     n_params_ssc: int
-    estimate: float
-    se: float
-    t_stat: float
+    df_t: int
+    n_obs: int
+    covariance_crv3: np.ndarray | None = None
 
 
-def _estimate(rows: _ReducedRows, data: BootstrapData, options: BootstrapOptions) -> _Fit:
-    n_obs, k = data.x.shape
-    j, g_count = options.param, data.n_clusters
-    n_params_ssc = k + rows.n_fe_params
-    if n_obs < 2 * n_params_ssc:
+def _small_sample(rows: _Rows, n_obs: int, k: int, ssc: bool) -> tuple[float, int, int]:
+    """(factor, k in (N-1)/(N-k), degrees of freedom of the t tests); see the module docstring."""
+    levels = [effect.count for effect in rows.fixed_effects]
+    n_fe_params = sum(levels) - max(len(levels) - 1, 0)
+    nested = [count for count, flag in zip(levels, rows.fe_nested, strict=True) if flag]
+    n_params = k + n_fe_params - sum(nested) + len(nested)
+    if rows.heteroskedastic:
+        return (n_obs / (n_obs - n_params) if ssc else 1.0), n_params, n_obs - n_params
+    g_min = min(rows.cluster_counts)
+    factor = g_min / (g_min - 1) * (n_obs - 1) / (n_obs - n_params) if ssc else 1.0
+    return factor, n_params, g_min - 1
+
+
+def _estimate(cells: _Cells, rows: _Rows, data: BootstrapData, options: BootstrapOptions) -> _Fit:
+    ns = cells.ns
+    n_obs, k = rows.x.shape
+    factor, n_params, df_t = _small_sample(rows, n_obs, k, options.ssc)
+    if n_obs < 2 * n_params:
         raise ValueError(
-            f"{n_obs} observations for {n_params_ssc} parameters: at least 2 observations per parameter needed"
+            f"{n_obs} observations for {n_params} parameters: at least 2 observations per parameter needed"
         )
-    xtx = rows.xtx_p.sum(axis=0)
-    xty = rows.xty_p.sum(axis=0)
+    xtx = to_host(cells.xtx.sum(axis=0))
+    xty = to_host(cells.xty.sum(axis=0))
     check_identified(xtx, data.names)
     a_full = np.linalg.inv(xtx)
     a_full = 0.5 * (a_full + a_full.T)
     beta = a_full @ xty
-    diagonal = data.bootcluster is None  # pairs are the variance clusters and the bootstrap clusters
-    xtx_g = rows.xtx_p if diagonal else cluster_sums(np, rows.xtx_p, rows.pair_g, g_count)
-    xty_g = rows.xty_p if diagonal else cluster_sums(np, rows.xty_p, rows.pair_g, g_count)
-    scores_g = xty_g - _matvec(xtx_g, beta)
-    factor = small_sample_factor(n_obs, g_count, n_params_ssc, options.ssc)
-    covariance = factor * (a_full @ (scores_g.T @ scores_g) @ a_full)
-    se_all = np.sqrt(np.diag(covariance))
-    estimate, se = float(beta[j]), float(se_all[j])
-    return _Fit(
-        beta=beta,
-        a_full=a_full,
-        xtx_g=xtx_g,
-        covariance=covariance,
-        se_all=se_all,
-        factor=factor,
-        n_params_ssc=n_params_ssc,
-        estimate=estimate,
-        se=se,
-        t_stat=(estimate - options.r) / se,
-    )
+    beta_ns = ns.asarray(beta)
+    meat = np.zeros((k, k))
+    for dimension, codes in zip(rows.dimensions, cells.dim_codes, strict=True):
+        scores = cluster_sums(ns, cells.xty - _matvec(cells.xtx, beta_ns), codes, dimension.count)
+        meat += dimension.sign * to_host(scores.T @ scores)
+    covariance_raw = factor * (a_full @ meat @ a_full)
+    covariance_raw = 0.5 * (covariance_raw + covariance_raw.T)
+    covariance, eigen_fixed = covariance_raw, False
+    if len(rows.dimensions) > 1:
+        values, vectors = np.linalg.eigh(covariance_raw)
+        if values[0] < 0:
+            covariance, eigen_fixed = (vectors * np.maximum(values, 0.0)) @ vectors.T, True
+    wants_crv3 = options.crv3 or options.bootstrap_type[1] == "3"
+    crv3 = _crv3(cells, rows, xtx, xty, beta, data.names, options.ssc) if wants_crv3 else None
+    return _Fit(beta, a_full, covariance_raw, covariance, eigen_fixed, factor, n_params, df_t, n_obs, crv3)
+
+
+def _crv3(
+    cells: _Cells, rows: _Rows, xtx: np.ndarray, xty: np.ndarray, beta: np.ndarray, names: list[str], ssc: bool
+) -> np.ndarray:
+    """CRV3, the cluster jackknife (MacKinnon, Nielsen & Webb 2023): per dimension d, with the estimates
+    beta_(g) leaving out cluster g, V_d = (G_d - 1)/G_d sum_g (beta_(g) - beta)(beta_(g) - beta)' ((G_d - 1)/G_d
+    only with ``ssc``; pyfixest multiplies by its CRV1 factor instead), summed with the multiway signs. The
+    leave-one-out estimates come from the cluster statistics: beta_(g) = (X'X - X_g'X_g)^-1 (X'y - X_g'y_g),
+    which is the refit only when no fixed effect crosses the clusters (their demeaning would change)."""
+    if rows.heteroskedastic:
+        raise ValueError("vcov_type: CRV3 needs clusters (cluster is null: HC1)")
+    if any(any(row) for row in rows.fe_crossing):
+        raise ValueError(
+            "vcov_type: CRV3 with a fixed effect that crosses the clusters needs a refit per cluster, not built; "
+            "absorb only fixed effects nested in the clusters or add the crossing one as C(column)"
+        )
+    ns, k = cells.ns, xtx.shape[0]
+    total = np.zeros((k, k))
+    for dimension, codes in zip(rows.dimensions, cells.dim_codes, strict=True):
+        xtx_g = to_host(cluster_sums(ns, cells.xtx, codes, dimension.count))
+        xty_g = to_host(cluster_sums(ns, cells.xty, codes, dimension.count))
+        left_out = xtx[None] - xtx_g
+        scale = np.sqrt(np.einsum("gii->gi", left_out).clip(min=1e-300))
+        condition = np.linalg.cond(left_out / scale[:, :, None] / scale[:, None, :])
+        if not np.all(condition < 1e12):
+            group = int(np.argmax(~(condition < 1e12)))
+            raise ValueError(
+                f"vcov_type: CRV3 leaves out cluster {group} (code) of {dimension.count}, and without it X'X is "
+                f"singular (the regressors {names} are not identified without that cluster)"
+            )
+        jack = np.linalg.solve(left_out, (xty[None] - xty_g)[:, :, None])[:, :, 0] - beta
+        factor = (dimension.count - 1) / dimension.count if ssc else 1.0
+        total += dimension.sign * factor * (jack.T @ jack)
+    return 0.5 * (total + total.T)
+
+
+@dataclass
+class _Test:
+    matrix: np.ndarray  # R (q, k)
+    rhs: np.ndarray  # r (q,)
+    directions: np.ndarray  # A R' (k, q)
+    beta_boot: np.ndarray  # the bootstrap DGP's coefficients at r
+    beta_boot1: np.ndarray  # d beta~ / d r (q = 1, WCR), zeros otherwise
+    estimate: np.ndarray  # R beta (q,)
+    variance: np.ndarray  # R V R' (q, q), V as computed (not eigen-fixed)
+    t_stat: float
+    wald_stat: float | None
+
+    @property
+    def count(self) -> int:
+        return int(self.matrix.shape[0])
+
+
+def _hypothesis(fit: _Fit, rows: _Rows, data: BootstrapData, options: BootstrapOptions) -> _Test:
+    k = fit.beta.size
+    if options.restrictions is not None:
+        matrix, rhs = options.restrictions.matrix, options.restrictions.rhs
+    else:
+        matrix, rhs = np.eye(k)[[options.param]], np.array([options.r])
+    directions = fit.a_full @ matrix.T
+    middle = matrix @ directions  # R A R'
+    estimate = matrix @ fit.beta
+    if options.impose_null:
+        correction = np.linalg.solve(middle, estimate - rhs)
+        beta_boot = fit.beta - directions @ correction
+        beta_boot1 = directions[:, 0] / middle[0, 0] if matrix.shape[0] == 1 else np.zeros(k)
+    else:
+        beta_boot, beta_boot1 = fit.beta, np.zeros(k)
+    covariance = fit.covariance_crv3 if options.bootstrap_type[1] == "3" else fit.covariance_raw
+    variance = matrix @ covariance @ matrix.T
+    if matrix.shape[0] == 1:
+        if not variance[0, 0] > 0:
+            raise ValueError(
+                "cluster: the multiway variance of the tested combination is not positive on these data (the signed "
+                "sum of the dimensions' variances); test with fewer cluster dimensions"
+            )
+        t_stat, wald = float((estimate[0] - rhs[0]) / np.sqrt(variance[0, 0])), None
+    else:
+        gap = estimate - rhs
+        t_stat, wald = float("nan"), float(gap @ np.linalg.solve(variance, gap))
+    return _Test(matrix, rhs, directions, beta_boot, beta_boot1, estimate, variance, t_stat, wald)
+
+
+# ------------------------------------------------------------------------------------------ the operator
+
+
+class _Operator:
+    """Applies the numerators C' and each dimension's M (and their derivatives in r) to draws V (H x B) on xp."""
+
+    def __init__(self, xp: ModuleType, q: int) -> None:
+        self.xp, self.q = xp, q
+        self.c: Any = None
+        self.c1: Any = None
+        self.s_h: Any = None
+        self.s_h1: Any = None
+        self.blocks: list[_DimensionBlock] = []
+        self.quadratic: tuple[Any, Any, Any] | None = None  # (Q00, Q01, Q11) when chosen (quadratic_forms)
+
+    def widest(self, h_count: int) -> int:
+        """Rows of the largest array a chunk of draws makes (H, q G of a dimension, or F1 of Q1 V)."""
+        sizes = [h_count] + [block.w.shape[0] for block in self.blocks]
+        sizes += [block.fe.q1.shape[0] for block in self.blocks if block.fe is not None and block.fe.l1 is not None]
+        return max(sizes)
+
+    def numerators(self, v: Any, derivative: bool) -> Any:
+        """(q, B)"""
+        return _contract(self.xp, self.c1 if derivative else self.c, v)
+
+    def scores(self, block: _DimensionBlock, v: Any, derivative: bool) -> Any:
+        """D = M V (q G_d, B) for one dimension."""
+        s_h = self.s_h1 if derivative else self.s_h
+        t1 = block.t1_1 if derivative else block.t1
+        d = t1[:, None] * v[block.diag_h] if block.diagonal else t1 @ v
+        d = d - block.w @ _contract(self.xp, s_h, v)
+        if block.fe is not None:
+            d = d - block.fe.apply(v, derivative)
+        return d
+
+
+@dataclass
+class _FeCorrection:
+    """K V = L1 (Q1 V) + R2 (Y2 V) (module docstring), each factor at r0 and its derivative in r."""
+
+    l1: Any | None  # (q G, F1) sparse, None when the first fixed effect is nested in the dimension
+    q1: Any
+    q1_1: Any
+    r2: Any | None  # (q G, F_r) dense
+    y2: Any | None  # (F_r, H) dense
+    y2_1: Any | None
+
+    def dense(self, derivative: bool) -> Any:
+        """K (q G, H) as a dense matrix."""
+        out = 0
+        if self.l1 is not None:
+            out = dense_matrix(self.l1 @ (self.q1_1 if derivative else self.q1))
+        if self.r2 is not None:
+            out = out + self.r2 @ (self.y2_1 if derivative else self.y2)
+        return out
+
+    def apply(self, v: Any, derivative: bool) -> Any:
+        out = 0
+        if self.l1 is not None:
+            out = self.l1 @ ((self.q1_1 if derivative else self.q1) @ v)
+        if self.r2 is not None:
+            out = out + self.r2 @ ((self.y2_1 if derivative else self.y2) @ v)
+        return out
+
+
+@dataclass
+class _DimensionBlock:
+    sign: float
+    diagonal: bool
+    diag_h: Any  # (q G,) the bootstrap cluster of each row of D (diagonal case)
+    t1: Any
+    t1_1: Any
+    w: Any  # (q G, k)
+    fe: _FeCorrection | None
 
 
 def _bootstrap_operator(
-    xp: ModuleType, rows: _ReducedRows, fit: _Fit, data: BootstrapData, options: BootstrapOptions
+    xp: ModuleType, cells: _Cells, rows: _Rows, fit: _Fit, test: _Test, options: BootstrapOptions
 ) -> _Operator:
-    """c, T1, W, S_h and the fixed-effect terms at r0 and their derivatives in r, moved to xp once."""
-    j, r0, g_count, h_count = options.param, options.r, data.n_clusters, rows.h_count
-    beta, a_full = fit.beta, fit.a_full
-    a = a_full[:, j]
-    if options.impose_null:
-        beta_boot = beta - a * (beta[j] - r0) / a_full[j, j]  # restricted least squares: beta_j = r0
-        beta_boot1 = a / a_full[j, j]  # d beta~ / d r
+    ns, q, h_count = cells.ns, test.count, cells.h_count
+    move = xp.asarray
+    directions = ns.asarray(test.directions)
+    if options.bootstrap_type[0] == "3":  # each cell's residuals from the fit without its bootstrap cluster
+        if any(not is_nested(xp, effect.codes, effect.count, rows.boot) for effect in rows.fixed_effects):
+            raise ValueError(
+                "bootstrap_type: jackknife residuals with a fixed effect that crosses the bootstrap clusters need a "
+                "refit per cluster, not built; absorb only nested fixed effects or add the crossing one as C(column)"
+            )
+        beta_h, beta_h1 = _jackknife_dgp(ns, cells, fit, test, options)
+        s_c = cells.xty - ns.einsum("cij,cj->ci", cells.xtx, beta_h[cells.boot])
+        s_c1 = ns.einsum("cij,cj->ci", cells.xtx, beta_h1[cells.boot])
     else:
-        beta_boot, beta_boot1 = beta, np.zeros_like(beta)
-    # Pair scores at r0, S_p(r) = S_p(r0) - (r - r0) S_p1: u~(r) = y - X beta~(r) is affine in r.
-    diagonal = data.bootcluster is None
-    s_p = rows.xty_p - _matvec(rows.xtx_p, beta_boot)
-    s_p1 = _matvec(rows.xtx_p, beta_boot1)
-    s_h = s_p if diagonal else cluster_sums(np, s_p, rows.pair_h, h_count)
-    s_h1 = s_p1 if diagonal else cluster_sums(np, s_p1, rows.pair_h, h_count)
-    w = _matvec(fit.xtx_g, a) @ a_full  # w_g = A X_g'X_g a, A symmetric
-    if diagonal:
-        t1_pairs, t1_diag = None, (s_p @ a, s_p1 @ a)
-    else:
-        t1_pairs, t1_diag = (rows.pair_g, rows.pair_h, s_p @ a, s_p1 @ a), None
-    fe_terms = None
-    if rows.fe_cells is not None:
-        fe_terms = _fe_operator(rows.fe_cells, a, beta_boot, beta_boot1, rows.fe_counts, g_count, data.n_fe, h_count)
-    return _Operator(xp, s_h @ a, s_h1 @ a, t1_pairs, t1_diag, w, s_h, s_h1, fe_terms, (g_count, h_count))
+        beta_boot, beta_boot1 = ns.asarray(test.beta_boot), ns.asarray(test.beta_boot1)
+        s_c = cells.xty - _matvec(cells.xtx, beta_boot)  # (P, k) at r0
+        s_c1 = _matvec(cells.xtx, beta_boot1)  # its derivative: S(r) = S(r0) - (r - r0) S1
+    s_h, s_h1 = cluster_sums(ns, s_c, cells.boot, h_count), cluster_sums(ns, s_c1, cells.boot, h_count)
+    operator = _Operator(xp, q)
+    operator.c, operator.c1 = move(s_h @ directions), move(s_h1 @ directions)
+    operator.s_h, operator.s_h1 = move(s_h), move(s_h1)
+    a_full = ns.asarray(fit.a_full)
+    derivative = options.conf_int and options.impose_null and q == 1
+    fe_terms = _FeTerms(xp, rows, test, derivative) if rows.gram is not None else None
+    rows_total = sum(dimension.count for dimension in rows.dimensions)
+    quadratic = (
+        q == 1
+        and h_count <= QUADRATIC_MAX_H
+        and h_count * h_count < rows_total * (fit.beta.size + 2)
+        and rows_total * h_count <= QUADRATIC_MAX_CELLS
+    )
+    forms = [xp.zeros((h_count, h_count)) for _ in range(3 if derivative else 1)] if quadratic else None
+    for index, (dimension, codes) in enumerate(zip(rows.dimensions, cells.dim_codes, strict=True)):
+        g_count = dimension.count
+        xtx_g = cluster_sums(ns, cells.xtx, codes, g_count)
+        if options.bootstrap_type[1] == "3":
+            w, t1_values, t1_values1 = _crv3_operator(ns, cells, codes, xtx_g, fit, test, s_c, s_c1, options, g_count)
+        else:
+            # w_{l,g} = A X_g'X_g a_l, stacked over l: row l G + g.
+            w = ns.concatenate([_matvec(xtx_g, directions[:, row]) @ a_full for row in range(q)], axis=0)
+            t1_values, t1_values1 = s_c @ directions, s_c1 @ directions  # (P, q)
+        fe = None
+        if fe_terms is not None and any(rows.fe_crossing[index]):
+            fe = fe_terms.correction(dimension, rows.fe_crossing[index])
+        if forms is not None:
+            _add_quadratic_forms(ns, xp, forms, dimension, codes, cells.boot, h_count, w, (t1_values, t1_values1),
+                                 (s_h, s_h1), fe)  # fmt: skip
+            continue
+        diagonal = bool(g_count == h_count and to_host((codes == cells.boot).all()))
+        if diagonal:
+            t1 = move(ns.concatenate([cluster_sums(ns, t1_values[:, row], codes, g_count) for row in range(q)]))
+            t1_1 = move(ns.concatenate([cluster_sums(ns, t1_values1[:, row], codes, g_count) for row in range(q)]))
+            diag_h = xp.tile(xp.arange(g_count), q)
+        else:
+            row_index = move(ns.concatenate([codes + row * g_count for row in range(q)]))
+            col_index = move(ns.concatenate([cells.boot] * q))
+            shape = (q * g_count, h_count)
+            t1 = sparse_matrix(xp, row_index, col_index, move(t1_values.T.reshape(-1)), shape)
+            t1_1 = sparse_matrix(xp, row_index, col_index, move(t1_values1.T.reshape(-1)), shape)
+            diag_h = None
+        operator.blocks.append(_DimensionBlock(dimension.sign, diagonal, diag_h, t1, t1_1, move(w), fe))
+    if forms is not None:
+        operator.quadratic = (forms[0], forms[1], forms[2]) if derivative else (forms[0], None, None)
+    return operator
+
+
+def _jackknife_dgp(
+    ns: ModuleType, cells: _Cells, fit: _Fit, test: _Test, options: BootstrapOptions
+) -> tuple[Any, Any]:
+    """The bootstrap DGP's coefficients leaving each bootstrap cluster h out (MNW 2023's jackknife residuals,
+    the first digit 3): beta^(h) by least squares without h, restricted to R beta = r under WCR
+    (beta~^(h) = beta^(h) - A_h R'(R A_h R')^-1 (R beta^(h) - r), A_h = (X'X - X_h'X_h)^-1), and its derivative
+    in r, A_h R' / (R A_h R'). (H, k) each. Refused where leaving a cluster out leaves X'X singular."""
+    xtx_h = to_host(cluster_sums(ns, cells.xtx, cells.boot, cells.h_count))
+    xty_h = to_host(cluster_sums(ns, cells.xty, cells.boot, cells.h_count))
+    left_out = to_host(cells.xtx.sum(axis=0))[None] - xtx_h
+    scale = np.sqrt(np.einsum("hii->hi", left_out).clip(min=1e-300))
+    if not np.all(np.linalg.cond(left_out / scale[:, :, None] / scale[:, None, :]) < 1e12):
+        raise ValueError("bootstrap_type: leaving a bootstrap cluster out leaves X'X singular (jackknife residuals)")
+    xty = to_host(cells.xty.sum(axis=0))
+    inverse = np.linalg.inv(left_out)
+    beta = np.einsum("hij,hj->hi", inverse, xty[None] - xty_h)
+    if not options.impose_null:
+        return ns.asarray(beta), ns.zeros_like(ns.asarray(beta))
+    row, rhs = test.matrix[0], test.rhs[0]
+    direction = inverse @ row  # (H, k): A_h R'
+    middle = direction @ row  # (H,)
+    restricted = beta - direction * ((beta @ row - rhs) / middle)[:, None]
+    return ns.asarray(restricted), ns.asarray(direction / middle[:, None])
+
+
+def _crv3_operator(
+    ns: ModuleType,
+    cells: _Cells,
+    codes: Any,
+    xtx_g: Any,
+    fit: _Fit,
+    test: _Test,
+    s_c: Any,
+    s_c1: Any,
+    options: BootstrapOptions,
+    g_count: int,
+) -> tuple[Any, Any, Any]:
+    """A dimension's operator for CRV3 in t* (the second digit 3): R beta*_(g) - R beta* = c_g'(S(v) - S_g(v)) -
+    a'S(v) with c_g = (X'X - X_g'X_g)^-1 R', so D = T1 V - W S'V with T1 the cells' c_g'S_gh and w_g = c_g - a
+    (the negative of the jackknife deviations: the same squares), scaled by sqrt((G-1)/G) (the CRV3 factor; the
+    draws' common factor is then 1)."""
+    row = test.matrix[0]
+    left_out = to_host(cells.xtx.sum(axis=0))[None] - to_host(xtx_g)
+    c = np.linalg.solve(left_out, np.broadcast_to(row, (g_count, row.size))[:, :, None])[:, :, 0]
+    scale = np.sqrt((g_count - 1) / g_count) if options.ssc else 1.0
+    c_cells = ns.asarray(c)[codes]
+    w = ns.asarray(scale * (c - test.directions[:, 0][None, :]))
+    t1 = scale * (s_c * c_cells).sum(axis=1)[:, None]
+    t1_1 = scale * (s_c1 * c_cells).sum(axis=1)[:, None]
+    return w, t1, t1_1
+
+
+def _add_quadratic_forms(
+    ns: ModuleType,
+    xp: ModuleType,
+    forms: list[Any],
+    dimension: _Dimension,
+    codes: Any,
+    boot: Any,
+    h_count: int,
+    w: Any,
+    t1_values: tuple[Any, Any],
+    s_h: tuple[Any, Any],
+    fe: _FeCorrection | None,
+) -> None:
+    """With one restriction and few bootstrap clusters each draw's variance sum is a quadratic form in v:
+    sum_d s_d |M_d v|^2 = v'Q v with Q = sum_d s_d M_d'M_d (H x H), O(H^2) per draw instead of O(sum_d G_d k).
+    Chosen when H^2 is the smaller (multiway clustering bootstrapped by a coarse dimension: the intersections
+    have many clusters). Adds this dimension's M_d'M_d (and the derivatives' forms) to ``forms`` (on xp: M_d is
+    built where the cells are, its G_d x H x H products run on the device)."""
+    g_count = dimension.count
+
+    def dense_operator(derivative: int) -> Any:
+        flat = ns.bincount(codes * h_count + boot, weights=t1_values[derivative][:, 0], minlength=g_count * h_count)
+        m = xp.asarray(flat.reshape(g_count, h_count) - w @ s_h[derivative].T)
+        if fe is not None:
+            m = m - fe.dense(bool(derivative))
+        return m
+
+    m0 = dense_operator(0)
+    forms[0] += dimension.sign * (m0.T @ m0)
+    if len(forms) > 1:
+        m1 = dense_operator(1)
+        cross = m0.T @ m1
+        forms[1] += dimension.sign * 0.5 * (cross + cross.T)
+        forms[2] += dimension.sign * (m1.T @ m1)
+
+
+class _FeTerms:
+    """The pieces of the fixed-effect correction shared by the dimensions: Q and the Schur solve (on xp)."""
+
+    def __init__(self, xp: ModuleType, rows: _Rows, test: _Test, derivative: bool) -> None:
+        """``derivative``: also the pieces of d/dr (the confidence interval under WCR)."""
+        self.xp, self.rows, self.test, self.derivative = xp, rows, test, derivative
+        gram = rows.gram
+        self.gram = gram
+        self.weight = xp.ones(rows.x.shape[0]) if rows.sqrt_w is None else rows.sqrt_w
+        self.residual = self.weight * (rows.y - rows.x @ xp.asarray(test.beta_boot))
+        self.residual1 = self.weight * (rows.x @ xp.asarray(test.beta_boot1))
+        self.q1 = self.q1_1 = None  # built when a dimension needs them (the first fixed effect crosses it)
+        self.y2 = self.y2_1 = None
+        if gram.rest_levels:
+            self.y2 = self._schur_solution(self.residual)
+            self.y2_1 = self._schur_solution(self.residual1) if derivative else None
+
+    def _first_table(self, residual: Any) -> Any:
+        """Q_first (F1, H): sums of sqrt(w) u~ by first-effect level and bootstrap cluster."""
+        gram, rows = self.gram, self.rows
+        return grouped_table(self.xp, gram.first.codes, rows.boot, residual, (gram.first.count, rows.h_count))
+
+    def _schur_solution(self, residual: Any) -> Any:
+        """Y2 = S^+ (Q_rest - B' N1^-1 Q_first) (F_r, H): the other fixed effects' block of (D'WD)^- Q."""
+        xp, gram, rows = self.xp, self.gram, self.rows
+        shape = (gram.rest_levels, rows.h_count)
+        rest = grouped_table(xp, xp.concatenate(gram.rest_codes), xp.concatenate([rows.boot] * len(gram.rest_codes)),
+                             xp.concatenate([residual] * len(gram.rest_codes)), shape)  # fmt: skip
+        first = self._first_table(residual / gram.n_first[gram.first.codes])
+        return gram.s_pinv @ (dense(xp, rest) - dense(xp, gram.cross.T @ first))
+
+    def correction(self, dimension: _Dimension, crossing: list[bool]) -> _FeCorrection:
+        """L1 and R2 for one dimension: P (the sums of sqrt(w) a_l'x~ per level and cluster) of the crossing
+        fixed effects only (a nested one's P is zero)."""
+        xp, gram, rows, q = self.xp, self.gram, self.rows, self.test.count
+        g_count = dimension.count
+        z = self.weight[:, None] * (rows.x @ xp.asarray(self.test.directions))  # (N, q)
+        row_index = xp.concatenate([dimension.codes + row * g_count for row in range(q)])
+        l1 = None
+        if crossing[gram.first_index]:
+            if self.q1 is None:
+                self.q1 = self._first_table(self.residual)
+                self.q1_1 = self._first_table(self.residual1) if self.derivative else None
+            # L1 = P1' N1^-1, (q G, F1): rows l G + g.
+            values = (z / gram.n_first[gram.first.codes][:, None]).T.reshape(-1)
+            l1 = grouped_table(xp, row_index, xp.concatenate([gram.first.codes] * q), values,
+                               (q * g_count, gram.first.count))  # fmt: skip
+        r2 = None
+        if gram.rest_levels:
+            # R2 = P2' - L1 B, (q G, F_r); P2 only over the crossing fixed effects among the others.
+            r2 = xp.zeros((q * g_count, gram.rest_levels))
+            for position, codes in zip(gram.rest_indices, gram.rest_codes, strict=True):
+                if crossing[position]:
+                    r2 += dense(xp, grouped_table(xp, row_index, xp.concatenate([codes] * q), z.T.reshape(-1),
+                                                  (q * g_count, gram.rest_levels)))  # fmt: skip
+            if l1 is not None:
+                r2 = r2 - dense(xp, l1 @ gram.cross)
+        return _FeCorrection(l1, self.q1, self.q1_1, r2, self.y2, self.y2_1)
+
+
+# ------------------------------------------------------------------------------------------------ the draws
 
 
 @dataclass
 class _DrawSums:
-    """Five numbers per draw (host): t*_b(r) = (numer - d numer1) / sqrt(s (sumsq - 2 d cross + d^2 sumsq1)),
-    d = r - r0; the last three only when the confidence interval needs the derivative in r (WCR)."""
+    """Per draw (host): for one restriction the numerator and the variance sum, and with a confidence interval
+    (WCR) their derivatives in r, t*_b(r) = (numer - d numer1) / sqrt(f (sumsq - 2 d cross + d^2 sumsq1));
+    for several restrictions W*."""
 
     enumerated: bool
     numer: np.ndarray
@@ -310,45 +922,100 @@ class _DrawSums:
     numer1: np.ndarray | None
     cross: np.ndarray | None
     sumsq1: np.ndarray | None
+    wald: np.ndarray | None
 
     @classmethod
-    def empty(cls, reps: int, enumerated: bool, derivative: bool) -> _DrawSums:
-        def maybe() -> np.ndarray | None:
-            return np.empty(reps) if derivative else None
+    def empty(cls, reps: int, enumerated: bool, derivative: bool, joint: bool) -> _DrawSums:
+        def maybe(flag: bool) -> np.ndarray | None:
+            return np.empty(reps) if flag else None
 
-        return cls(enumerated, np.empty(reps), np.empty(reps), maybe(), maybe(), maybe())
+        return cls(enumerated, np.empty(reps), np.empty(reps), maybe(derivative), maybe(derivative),
+                   maybe(derivative), maybe(joint))  # fmt: skip
 
     @property
     def reps(self) -> int:
         return self.numer.size
 
-    def fill(self, operator: _Operator, v: Any, done: int, count: int) -> None:
+    def fill(self, operator: _Operator, v: Any, done: int, count: int, factor: float) -> None:
         """Apply the operator to the draws ``done .. done + count - 1`` (the columns of v)."""
-        block = slice(done, done + count)
-        n_b, d_b = operator.apply(v, derivative=False)
-        self.numer[block] = to_host(n_b)
-        self.sumsq[block] = to_host((d_b * d_b).sum(axis=0))
+        xp, block = operator.xp, slice(done, done + count)
+        numer = operator.numerators(v, derivative=False)
+        quadratic = operator.quadratic is not None
+        scores = [] if quadratic else [operator.scores(dim, v, derivative=False) for dim in operator.blocks]
+        if self.wald is not None:
+            self.wald[block] = to_host(_wald(xp, operator, numer, scores, factor))
+            self.numer[block] = np.nan
+            self.sumsq[block] = np.nan
+            return
+        self.numer[block] = to_host(numer[0])
+        if operator.quadratic is not None:
+            q00, q01, q11 = operator.quadratic
+            self.sumsq[block] = to_host((v * (q00 @ v)).sum(axis=0))
+            if self.numer1 is not None:
+                self.numer1[block] = to_host(operator.numerators(v, derivative=True)[0])
+                self.cross[block] = to_host((v * (q01 @ v)).sum(axis=0))
+                self.sumsq1[block] = to_host((v * (q11 @ v)).sum(axis=0))
+            return
+        self.sumsq[block] = to_host(_signed_sum(operator, scores, scores))
         if self.numer1 is not None:
-            n1_b, d1_b = operator.apply(v, derivative=True)
-            self.numer1[block] = to_host(n1_b)
-            self.cross[block] = to_host((d_b * d1_b).sum(axis=0))
-            self.sumsq1[block] = to_host((d1_b * d1_b).sum(axis=0))
+            scores1 = [operator.scores(dim, v, derivative=True) for dim in operator.blocks]
+            self.numer1[block] = to_host(operator.numerators(v, derivative=True)[0])
+            self.cross[block] = to_host(_signed_sum(operator, scores, scores1))
+            self.sumsq1[block] = to_host(_signed_sum(operator, scores1, scores1))
+
+
+def _signed_sum(operator: _Operator, left: list[Any], right: list[Any]) -> Any:
+    """sum_d s_d sum_g left_d right_d (one restriction): (B,)."""
+    total = 0
+    for dim, a, b in zip(operator.blocks, left, right, strict=True):
+        total = total + dim.sign * _column_sums(operator.xp, a * b)
+    return total
+
+
+def _column_sums(xp: ModuleType, values: Any) -> Any:
+    """values.sum(axis=0) for (rows, B). With millions of rows and few columns (the heteroskedastic bootstrap's
+    chunks) CuPy reduces each column in one block; summing tiles of rows first gives it thousands."""
+    rows = values.shape[0]
+    if is_numpy(xp) or rows <= _CONTRACT_BY_SUM_ROWS:
+        return values.sum(axis=0)
+    per_split = -(-rows // _CONTRACT_SPLITS)
+    padded = per_split * _CONTRACT_SPLITS
+    if padded != rows:
+        values = xp.concatenate([values, xp.zeros((padded - rows, values.shape[1]), dtype=values.dtype)])
+    return values.reshape(_CONTRACT_SPLITS, per_split, values.shape[1]).sum(axis=1).sum(axis=0)
+
+
+def _wald(xp: ModuleType, operator: _Operator, numer: Any, scores: list[Any], factor: float) -> Any:
+    """W*_b = n_b' (f sum_d s_d D_d D_d')^-1 n_b for each draw: (B,)."""
+    q = operator.q
+    variance = 0
+    for dim, d in zip(operator.blocks, scores, strict=True):
+        stacked = d.reshape(q, -1, d.shape[-1])  # (q, G, B)
+        variance = variance + dim.sign * xp.einsum("lgb,mgb->blm", stacked, stacked)
+    variance = factor * variance
+    numer_b = numer.T[:, :, None]  # (B, q, 1)
+    solved = xp.linalg.solve(variance, numer_b)
+    wald = (numer_b * solved).sum(axis=(1, 2))
+    positive = xp.linalg.eigvalsh(variance)[:, 0] > 0
+    return xp.where(positive, wald, xp.nan)
 
 
 def _bootstrap_draws(
     xp: ModuleType,
     operator: _Operator,
-    g_count: int,
     h_count: int,
+    q: int,
+    factor: float,
     options: BootstrapOptions,
     report: Report,
     timer: StageTimer | None,
 ) -> _DrawSums:
-    """All B draws (2^H when enumerated) in chunks of bounded G x chunk arrays, reporting after each chunk."""
+    """All B draws (2^H when enumerated) in chunks of bounded rows x chunk arrays, reporting after each chunk."""
     enumerated = use_enumeration(options.weights_type, h_count, options.reps)
     reps = 2**h_count if enumerated else options.reps
-    chunk = options.draw_chunk or max(1, options.block_elements // max(g_count, h_count))
-    sums = _DrawSums.empty(reps, enumerated, derivative=options.conf_int and options.impose_null)
+    chunk = options.draw_chunk or max(1, options.block_elements // operator.widest(h_count))
+    joint = q > 1
+    sums = _DrawSums.empty(reps, enumerated, options.conf_int and options.impose_null and not joint, joint)
     done = 0
     report(0.0, f"bootstrap draws 0/{reps}")
     while done < reps:
@@ -359,119 +1026,89 @@ def _bootstrap_draws(
             else:
                 v = draw_weights(xp, options.weights_type, options.seed, h_count, done, count, options.draw_base)
         with _stage(timer, "bootstrap"):
-            sums.fill(operator, v, done, count)
+            sums.fill(operator, v, done, count, factor)
         done += count
         report(done / reps, f"bootstrap draws {done}/{reps}")
     return sums
 
 
+# -------------------------------------------------------------------------------------------- the inference
+
+
 def _infer(
-    fit: _Fit, draws: _DrawSums, rows: _ReducedRows, data: BootstrapData, options: BootstrapOptions
+    fit: _Fit, test: _Test, draws: _DrawSums, cells: _Cells, rows: _Rows, options: BootstrapOptions
 ) -> BootstrapOutcome:
-    """t*, the bootstrap and analytic p-values and confidence intervals."""
-    estimate, se, t_stat, factor = fit.estimate, fit.se, fit.t_stat, fit.factor
+    factor = _draw_factor(fit, options)
+    common = {
+        "coefficients": fit.beta,
+        "standard_errors": np.sqrt(np.diag(fit.covariance)),
+        "covariance": fit.covariance,
+        "restriction_estimate": test.estimate,
+        "reps_used": draws.reps,
+        "enumerated": draws.enumerated,
+        "n_obs": fit.n_obs,
+        "n_clusters": min(rows.cluster_counts),
+        "cluster_counts": rows.cluster_counts,
+        "n_boot_clusters": cells.h_count,
+        "bootcluster_name": rows.bootcluster_name,
+        "n_params_ssc": fit.n_params_ssc,
+        "ssc_factor": factor,
+        "df_t": fit.df_t,
+        "fe_nested": rows.fe_nested[0] if rows.fe_nested else None,
+        "fe_nested_all": rows.fe_nested,
+        "fe_levels": [effect.count for effect in rows.fixed_effects],
+        "n_singletons": rows.n_singletons,
+        "demeaning": rows.demeaning,
+        "eigen_fixed": fit.eigen_fixed,
+        "covariance_crv3": fit.covariance_crv3,
+    }
+    if test.count > 1:
+        wald_boot = draws.wald
+        defined = np.isfinite(wald_boot)
+        exceed = (wald_boot[defined] > test.wald_stat * (1 + 1e-12)).sum()
+        q = test.count
+        return BootstrapOutcome(
+            estimate=float("nan"),
+            se=float("nan"),
+            t_stat=float("nan"),
+            wald_stat=test.wald_stat,
+            p_values={"wald": float(exceed / max(defined.sum(), 1))},
+            p_values_analytic={"wald": float(stats.f.sf(test.wald_stat / q, q, fit.df_t))},
+            conf_int=None,
+            conf_int_analytic=None,
+            t_boot=wald_boot,
+            reps_undefined=int((~defined).sum()),
+            **common,
+        )
+    se = float(np.sqrt(test.variance[0, 0]))
+    estimate, r = float(test.estimate[0]), float(test.rhs[0])
     with np.errstate(divide="ignore", invalid="ignore"):
-        t_boot = draws.numer / np.sqrt(factor * draws.sumsq)
-    p_values = {name: float(value) for name, value in p_values_from(np, t_boot, t_stat).items()}
-    df = data.n_clusters - 1
-    critical = float(stats.t.ppf(1 - options.sign_level / 2, df))
+        t_boot = draws.numer / np.sqrt(factor * draws.sumsq)  # a negative variance (multiway): NaN
+    p_values = {name: float(value) for name, value in p_values_from(np, t_boot, test.t_stat).items()}
+    critical = float(stats.t.ppf(1 - options.sign_level / 2, fit.df_t))
     ci = None
     if options.conf_int:
         curve = PValueCurve(
-            estimate, se, options.r, factor, draws.numer, draws.sumsq, draws.numer1, draws.cross, draws.sumsq1,
-            options.p_val_type,
+            estimate, se, r, factor, draws.numer, draws.sumsq, draws.numer1, draws.cross, draws.sumsq1,
+            options.p_val_type, signed_variance=len(rows.dimensions) > 1,
         )  # fmt: skip
         ci = curve.confidence_interval(options.sign_level, critical)
     return BootstrapOutcome(
-        coefficients=fit.beta,
-        standard_errors=fit.se_all,
-        covariance=fit.covariance,
         estimate=estimate,
         se=se,
-        t_stat=t_stat,
+        t_stat=test.t_stat,
+        wald_stat=None,
         p_values=p_values,
-        p_values_analytic=analytic_p_values(t_stat, df),
+        p_values_analytic=analytic_p_values(test.t_stat, fit.df_t),
         conf_int=ci,
         conf_int_analytic=(estimate - critical * se, estimate + critical * se),
         t_boot=t_boot,
-        reps_used=draws.reps,
-        enumerated=draws.enumerated,
-        n_obs=data.x.shape[0],
-        n_clusters=data.n_clusters,
-        n_boot_clusters=rows.h_count,
-        n_params_ssc=fit.n_params_ssc,
-        ssc_factor=factor,
-        fe_nested=rows.fe_nested,
+        reps_undefined=int(np.isnan(t_boot).sum()),
+        **common,
     )
 
 
-def demean(xp: ModuleType, values: Any, codes: Any, n_groups: int) -> tuple[Any, Any]:
-    """Subtract group means (one-way fixed effects partialled out exactly); also returns the group counts."""
-    counts = xp.bincount(codes, minlength=n_groups).astype(xp.float64)
-    sums = cluster_sums(xp, values, codes, n_groups)
-    means = sums / counts.reshape((-1,) + (1,) * (values.ndim - 1))
-    return values - means[codes], counts
-
-
-def _sparse(xp: ModuleType, rows: Any, cols: Any, values: Any, shape: tuple[int, int]) -> Any:
-    if is_numpy(xp):
-        from scipy import sparse
-
-        return sparse.csr_matrix((values, (rows, cols)), shape=shape)
-    from cupyx.scipy import sparse
-
-    return sparse.coo_matrix((values, (rows, cols)), shape=shape).tocsr()
-
-
-class _Operator:
-    """Applies c' and M (and their derivatives in r) to a block of draws V (H x B) on the namespace xp.
-
-    Built from host arrays (the small algebra); they are moved to xp once here.
-    """
-
-    def __init__(
-        self,
-        xp: ModuleType,
-        c: np.ndarray,
-        c1: np.ndarray,
-        t1_pairs: tuple[Any, Any, Any, Any] | None,
-        t1_diag: tuple[Any, Any] | None,
-        w: np.ndarray,
-        s_h: np.ndarray,
-        s_h1: np.ndarray,
-        fe_terms: tuple[SparseTriple, SparseTriple, SparseTriple] | None,
-        shape: tuple[int, int],
-    ) -> None:
-        move = xp.asarray
-        self.xp, self.c, self.c1, self.w, self.s_h, self.s_h1 = xp, move(c), move(c1), move(w), move(s_h), move(s_h1)
-        self.t1_diag = None if t1_diag is None else (move(t1_diag[0]), move(t1_diag[1]))
-        self.t1 = self.t1_1 = None
-        if t1_pairs is not None:
-            rows, cols, values, values1 = (move(part) for part in t1_pairs)
-            self.t1 = _sparse(xp, rows, cols, values, shape)
-            self.t1_1 = _sparse(xp, rows, cols, values1, shape)
-        self.fe_terms = None
-        if fe_terms is not None:
-            self.fe_terms = tuple(
-                _sparse(xp, move(rows), move(cols), move(values), sparse_shape)
-                for rows, cols, values, sparse_shape in fe_terms
-            )
-
-    def apply(self, v: Any, derivative: bool) -> tuple[Any, Any]:
-        """The numerators (B,) and D = M V (G, B) at r0, or their derivatives in r when ``derivative``."""
-        c = self.c1 if derivative else self.c
-        s_h = self.s_h1 if derivative else self.s_h
-        numerator = c @ v
-        if self.t1_diag is not None:
-            diag = self.t1_diag[1] if derivative else self.t1_diag[0]
-            d = diag[:, None] * v
-        else:
-            d = (self.t1_1 if derivative else self.t1) @ v
-        d = d - self.w @ (s_h.T @ v)
-        if self.fe_terms is not None:
-            p, q, q1 = self.fe_terms
-            d = d - p @ ((q1 if derivative else q) @ v)
-        return numerator, d
+# ------------------------------------------------------------------------------------------------- helpers
 
 
 def check_identified(xtx: np.ndarray, names: list[str]) -> None:
@@ -492,66 +1129,37 @@ def _name(names: list[str], index: int) -> str:
     return names[index] if index < len(names) else f"x{index}"
 
 
-def _is_nested(xp: ModuleType, inner: Any, outer: Any, n_inner: int) -> bool:
-    """Whether every level of ``inner`` (codes 0..n_inner-1, all present) lies within one level of ``outer``."""
-    n_outer = int(outer.max()) + 1
-    return int(xp.unique(inner * n_outer + outer).shape[0]) == n_inner
+# Above this many bootstrap clusters a'V (a: H x m, m small) is split by hand: cuBLAS gives a GEMM with a tiny
+# output and an inner dimension in the millions (the heteroskedastic bootstrap: H = N) too few blocks.
+_CONTRACT_BY_SUM_ROWS = 65_536
 
 
-@dataclass
-class _FeCells:
-    gf_rows: Any
-    gf_cols: Any
-    gf_x: Any  # (cells, k) sums of x~ over rows in variance cluster g and fixed effect f
-    fh_rows: Any
-    fh_cols: Any
-    fh_x: Any  # (cells, k) sums of x~ over rows in fixed effect f and bootstrap cluster h
-    fh_y: Any  # (cells,) sums of y~
+_CONTRACT_SPLITS = 1_024
 
 
-def _fe_cells(xp: ModuleType, x: Any, y: Any, data: BootstrapData, h_count: int) -> _FeCells:
-    n_fe = data.n_fe
-    boot = data.cluster if data.bootcluster is None else data.bootcluster
-    gf_keys, gf_codes = xp.unique(data.cluster * n_fe + data.fe, return_inverse=True)
-    fh_keys, fh_codes = xp.unique(data.fe * h_count + boot, return_inverse=True)
-    gf_codes, fh_codes = gf_codes.reshape(-1), fh_codes.reshape(-1)
-    fh_sums = cluster_sums(xp, xp.concatenate([x, y[:, None]], axis=1), fh_codes, int(fh_keys.shape[0]))
-    gf_keys, fh_keys, fh_sums = to_host(gf_keys), to_host(fh_keys), to_host(fh_sums)
-    return _FeCells(
-        gf_rows=gf_keys // n_fe,
-        gf_cols=gf_keys % n_fe,
-        gf_x=to_host(cluster_sums(xp, x, gf_codes, int(gf_keys.shape[0]))),
-        fh_rows=fh_keys // h_count,
-        fh_cols=fh_keys % h_count,
-        fh_x=fh_sums[:, :-1],
-        fh_y=fh_sums[:, -1],
-    )
+def _contract(xp: ModuleType, a: Any, v: Any) -> Any:
+    """a'v for a (H, m) and v (H, B): (m, B). For very large H the inner dimension is split by hand into
+    _CONTRACT_SPLITS batches of one batched GEMM whose partial products are then summed (split-K)."""
+    rows = a.shape[0]
+    if is_numpy(xp) or rows <= _CONTRACT_BY_SUM_ROWS:
+        return a.T @ v
+    per_split = -(-rows // _CONTRACT_SPLITS)
+    padded = per_split * _CONTRACT_SPLITS
+    if padded != rows:
+        a = xp.concatenate([a, xp.zeros((padded - rows, a.shape[1]), dtype=a.dtype)])
+        v = xp.concatenate([v, xp.zeros((padded - rows, v.shape[1]), dtype=v.dtype)])
+    a_split = a.reshape(_CONTRACT_SPLITS, per_split, a.shape[1])
+    v_split = v.reshape(_CONTRACT_SPLITS, per_split, v.shape[1])
+    return xp.matmul(xp.swapaxes(a_split, 1, 2), v_split).sum(axis=0)
 
 
-SparseTriple = tuple[Any, Any, Any, tuple[int, int]]
-
-
-def _fe_operator(
-    cells: _FeCells,
-    a: np.ndarray,
-    beta_boot: np.ndarray,
-    beta_boot1: np.ndarray,
-    fe_counts: np.ndarray,
-    g_count: int,
-    n_fe: int,
-    h_count: int,
-) -> tuple[SparseTriple, SparseTriple, SparseTriple]:
-    """P (G x F) and Q, dQ/dr (F x H) of the fixed-effect correction as (rows, cols, values, shape) (host)."""
-    p = (cells.gf_rows, cells.gf_cols, cells.gf_x @ a, (g_count, n_fe))
-    scale = 1.0 / fe_counts[cells.fh_rows]
-    q_values = (cells.fh_y - cells.fh_x @ beta_boot) * scale
-    q1_values = (cells.fh_x @ beta_boot1) * scale  # u~(r) = u~(r0) - (r - r0) x~'beta1
-    q = (cells.fh_rows, cells.fh_cols, q_values, (n_fe, h_count))
-    q1 = (cells.fh_rows, cells.fh_cols, q1_values, (n_fe, h_count))
-    return p, q, q1
+def dense_matrix(matrix: Any) -> Any:
+    return matrix.toarray() if hasattr(matrix, "toarray") else matrix
 
 
 def _matvec(matrices: Any, vector: Any) -> Any:
     """(..., k, k) @ (k,) as one matrix-vector product (NumPy's stacked matmul of tiny matrices is slow)."""
     k = matrices.shape[-1]
     return (matrices.reshape(-1, k) @ vector).reshape(matrices.shape[:-1])
+
+

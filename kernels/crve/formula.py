@@ -1,9 +1,11 @@
 """From a data frame and a Wilkinson formula to the arrays of the bootstrap (pandas + formulaic; job side only).
 
-``"y ~ x1 + x2"`` has an intercept, ``"y ~ x1 + x2 - 1"`` none, ``"y ~ x1 + x2 | fe"`` absorbs the one-way
-fixed effect ``fe`` (the intercept then goes into it), as in pyfixest and fixest.
+``"y ~ x1 + x2"`` has an intercept, ``"y ~ x1 + x2 - 1"`` none, ``"y ~ x1 + x2 | fe"`` absorbs the
+fixed effect ``fe`` (the intercept then goes into it), ``"y ~ x | firm + year"`` two (up to
+``MAX_FIXED_EFFECTS``), and ``firm^year`` the interaction of two columns as one fixed effect, as in pyfixest
+and fixest.
 
-With an absorbed fixed effect the design is built *with* the intercept, so that formulaic encodes
+With absorbed fixed effects the design is built *with* the intercept, so that formulaic encodes
 categorical terms such as ``C(region)`` with reduced-rank (treatment) contrasts, one reference level
 dropped; then the Intercept column is removed, being spanned by the fixed effect's dummies. Built without
 the intercept, ``C(region)`` would get a column for every level, whose sum is the constant: collinear with
@@ -15,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -33,56 +36,132 @@ def plain_message(error: BaseException | str) -> str:
     return " ".join(text.split())
 
 
+MAX_FIXED_EFFECTS = 4
+
+
 @dataclass(frozen=True)
 class ParsedFormula:
-    """A formula split at '|': the model part, the absorbed fixed effect, and the names the model part needs."""
+    """A formula split at '|': the model part, the absorbed fixed effects, and the names the model part needs."""
 
     main: str
-    fe_name: str | None
+    fe_names: list[str]  # each a column or "a^b" (the interaction of columns a and b)
     variables: list[str]  # data columns the model part reads
     functions: list[str]  # names it calls that formulaic does not know (a column cannot be called either)
+    terms: list[str]  # the model part's term names, "Intercept" for the constant (coefficient names of plain terms)
+    iv: IvPart | None = None
+
+    @property
+    def fe_columns(self) -> list[str]:
+        """The data columns the fixed effects read."""
+        return [column for name in self.fe_names for column in name.split("^")]
 
 
 def parse_formula(formula: str) -> ParsedFormula:
     """Parse without data; raise ValueError starting "formula:" (plain text) when it cannot be parsed."""
     if "~" not in formula:
         raise ValueError(f"formula: {formula!r} has no '~' (expected e.g. 'y ~ x1 + x2')")
-    main, _, absorbed = formula.partition("|")
-    fe_name = absorbed.strip() or None
-    if fe_name is not None and ("+" in fe_name or "^" in fe_name):
-        raise ValueError(f"formula: only one absorbed fixed effect is supported, got {fe_name!r}")
+    parts = formula.split("|")
+    iv = None
+    if len(parts) > 1 and "~" in parts[-1]:  # "y ~ exog | endog ~ instruments" or "y ~ exog | fe | endog ~ ..."
+        iv = _iv_part(parts.pop())
+    if len(parts) > 2:
+        raise ValueError(f"formula: {formula!r} has too many '|' (y ~ x | fixed effects | endogenous ~ instruments)")
+    main, absorbed = parts[0], parts[1] if len(parts) > 1 else ""
+    fe_names = _fixed_effect_names(absorbed)
     try:
-        required = Formula(main).required_variables
+        parsed = Formula(main)
+        required = parsed.required_variables
     except Exception as error:  # formulaic's parse errors
         raise ValueError(f"formula: cannot parse {main!r}: {plain_message(error)}") from None
     variables = sorted(str(name) for name in required if Variable.Role.CALLABLE not in getattr(name, "roles", ()))
     functions = sorted(str(name) for name in required if Variable.Role.CALLABLE in getattr(name, "roles", ()))
-    return ParsedFormula(main=main, fe_name=fe_name, variables=variables, functions=functions)
+    terms = [INTERCEPT if str(term) == "1" else str(term) for term in getattr(parsed, "rhs", [])]
+    if iv is not None:
+        variables = sorted({*variables, iv.endogenous, *iv.instrument_variables})
+        terms = [*terms, iv.endogenous]
+    return ParsedFormula(main=main, fe_names=fe_names, variables=variables, functions=functions, terms=terms, iv=iv)
+
+
+@dataclass(frozen=True)
+class IvPart:
+    """The "endogenous ~ instruments" part of an IV formula (one endogenous regressor)."""
+
+    endogenous: str
+    instruments: str  # a formulaic right-hand side
+    instrument_variables: list[str]
+
+
+def _iv_part(text: str) -> IvPart:
+    left, _, right = text.partition("~")
+    endogenous = left.strip()
+    if not re.fullmatch(r"[A-Za-z_][\w.]*", endogenous):
+        raise ValueError(
+            f"formula: the IV part {text.strip()!r} needs one endogenous column left of '~' (one endogenous "
+            "regressor is supported)"
+        )
+    try:
+        required = Formula(right + " - 1").required_variables
+    except Exception as error:
+        raise ValueError(f"formula: cannot parse the instruments {right.strip()!r}: {plain_message(error)}") from None
+    variables = sorted(str(name) for name in required if Variable.Role.CALLABLE not in getattr(name, "roles", ()))
+    if not variables:
+        raise ValueError(f"formula: the IV part {text.strip()!r} names no instrument (under-identified)")
+    if endogenous in variables:
+        raise ValueError(f"formula: {endogenous!r} cannot instrument itself")
+    return IvPart(endogenous=endogenous, instruments=right.strip(), instrument_variables=variables)
+
+
+def _fixed_effect_names(absorbed: str) -> list[str]:
+    if not absorbed.strip():
+        return []
+    names = [" ^ ".join(part.strip() for part in name.split("^")).replace(" ^ ", "^") for name in absorbed.split("+")]
+    for name in names:
+        parts = name.split("^")
+        if any(not part or not re.fullmatch(r"[^\s()+*:~|]+", part) for part in parts) or len(parts) > 2:
+            raise ValueError(
+                f"formula: fixed effect {name!r} must be a column or the interaction 'a^b' of two columns"
+            )
+    if len(set(names)) < len(names):
+        raise ValueError(f"formula: a fixed effect is named twice in {names}")
+    if len(names) > MAX_FIXED_EFFECTS:
+        raise ValueError(f"formula: at most {MAX_FIXED_EFFECTS} absorbed fixed effects, got {len(names)}")
+    return names
 
 
 def column_problems(
-    formula: str, cluster: str, bootcluster: str | None, columns: Collection[str]
+    formula: str, named_columns: dict[str, list[str]], columns: Collection[str]
 ) -> list[tuple[str, str]]:
     """What a dataset with these ``columns`` lacks for the job, as (params field, message) pairs: the parse
-    error, names in the formula (its fixed effect included) and the cluster columns. Empty when it fits.
+    error, names in the formula (its fixed effects included) and the columns other fields name
+    (``named_columns``: field -> columns, e.g. {"cluster": ["firm", "year"]}). Empty when it fits.
     Needs only the column names, so the API checks it at submission against a dataset's stored schema."""
     try:
         parsed = parse_formula(formula)
     except ValueError as error:
         return [("formula", str(error).removeprefix("formula: "))]
     problems = []
-    absent = [name for name in parsed.variables if name not in columns]
-    if parsed.fe_name is not None and parsed.fe_name not in columns:
-        absent.append(parsed.fe_name)
+    absent = [name for name in [*parsed.variables, *parsed.fe_columns] if name not in columns]
     if absent:
         problems.append(("formula", f"columns {absent} are not in the dataset"))
     unknown = [name for name in parsed.functions if name not in columns]
     if unknown:
         problems.append(("formula", f"{unknown} are neither functions formulaic knows nor columns of the dataset"))
-    for field, column in (("cluster", cluster), ("bootcluster", bootcluster)):
-        if column is not None and column not in columns:
-            problems.append((field, f"column {column!r} is not in the dataset"))
+    for field, names in named_columns.items():
+        missing = [column for column in names if column not in columns]
+        if missing:
+            listed = ", ".join(map(repr, missing))
+            message = f"columns {listed} are not" if len(missing) > 1 else f"column {listed} is not"
+            problems.append((field, f"{message} in the dataset"))
     return problems
+
+
+@dataclass
+class Codes:
+    """A categorical column as integer codes in [0, count), with its name."""
+
+    name: str
+    codes: np.ndarray
+    count: int
 
 
 @dataclass
@@ -90,23 +169,48 @@ class DesignArrays:
     x: np.ndarray
     y: np.ndarray
     names: list[str]
-    cluster: np.ndarray
-    n_clusters: int
-    bootcluster: np.ndarray | None
-    n_boot_clusters: int | None
-    fe: np.ndarray | None
-    n_fe: int | None
-    fe_name: str | None
+    clusters: list[Codes]  # the variance clusters (one per dimension); empty: heteroskedasticity-robust
+    bootcluster: Codes | None  # None: the bootstrap clusters are chosen from the variance clusters
+    fixed_effects: list[Codes]
+    weights: np.ndarray | None
+    endogenous: np.ndarray | None = None  # IV: the endogenous regressor (its name is the last of ``names``)
+    instruments: np.ndarray | None = None  # IV: the excluded instruments (N, l2)
+    instrument_names: list[str] | None = None
+    endogenous_name: str | None = None
 
 
-def _codes(frame: pd.DataFrame, column: str, role: str) -> tuple[np.ndarray, int]:
+def _codes(frame: pd.DataFrame, name: str, role: str) -> Codes:
+    """Codes of a column, or of the interaction "a^b" of two."""
+    columns = name.split("^")
+    for column in columns:
+        if column not in frame.columns:
+            raise ValueError(f"{role}: column {column!r} is not in the dataset (columns: {list(frame.columns)})")
+        missing = int(frame[column].isna().sum())
+        if missing:
+            raise ValueError(f"{role}: column {column!r} has {missing} missing values")
+    if len(columns) == 1:
+        codes, uniques = pd.factorize(frame[columns[0]], sort=True)
+        return Codes(name, codes.astype(np.int64), len(uniques))
+    first, _ = pd.factorize(frame[columns[0]], sort=True)
+    second, second_levels = pd.factorize(frame[columns[1]], sort=True)
+    codes, uniques = pd.factorize(first.astype(np.int64) * len(second_levels) + second, sort=True)
+    return Codes(name, codes.astype(np.int64), len(uniques))
+
+
+def _weights(frame: pd.DataFrame, column: str) -> np.ndarray:
     if column not in frame.columns:
-        raise ValueError(f"{role}: column {column!r} is not in the dataset (columns: {list(frame.columns)})")
+        raise ValueError(f"weights: column {column!r} is not in the dataset (columns: {list(frame.columns)})")
     values = frame[column]
-    if values.isna().any():
-        raise ValueError(f"{role}: column {column!r} has {int(values.isna().sum())} missing values")
-    codes, uniques = pd.factorize(values, sort=True)
-    return codes.astype(np.int64), len(uniques)
+    if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        raise ValueError(f"weights: column {column!r} is not numeric")
+    weights = values.to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(weights)
+    if bad.any():
+        raise ValueError(f"weights: column {column!r} has {int(bad.sum())} missing, NaN or infinite values")
+    negative = weights < 0
+    if negative.any():
+        raise ValueError(f"weights: column {column!r} has {int(negative.sum())} negative values")
+    return np.ascontiguousarray(weights)
 
 
 def _check_finite(frame: pd.DataFrame, columns: list[str]) -> None:
@@ -122,11 +226,17 @@ def _check_finite(frame: pd.DataFrame, columns: list[str]) -> None:
 
 
 def design_from_formula(
-    frame: pd.DataFrame, formula: str, cluster: str, bootcluster: str | None = None
+    frame: pd.DataFrame,
+    formula: str,
+    cluster: list[str],
+    bootcluster: str | None = None,
+    weights: str | None = None,
 ) -> DesignArrays:
-    """Parse ``formula`` on ``frame``; raise ValueError naming the column or parameter at fault."""
+    """Parse ``formula`` on ``frame``; raise ValueError naming the column or parameter at fault.
+
+    ``cluster``: the variance cluster columns (empty: heteroskedasticity-robust)."""
     parsed = parse_formula(formula)
-    main, fe_name = parsed.main, parsed.fe_name
+    main = parsed.main
     missing = [name for name in parsed.variables if name not in frame.columns]
     if missing:
         raise ValueError(f"formula: columns {missing} are not in the dataset (columns: {list(frame.columns)})")
@@ -134,7 +244,7 @@ def design_from_formula(
     if unknown:
         raise ValueError(f"formula: {unknown} are neither functions formulaic knows nor columns of the dataset")
     _check_finite(frame, parsed.variables)
-    if fe_name is not None:
+    if parsed.fe_names:
         main = main + " + 1"  # reduced-rank contrasts; the Intercept column is dropped below
     try:
         matrices = model_matrix(main, frame, na_action="raise")
@@ -143,28 +253,39 @@ def design_from_formula(
     if not hasattr(matrices, "lhs") or matrices.lhs.shape[1] != 1:
         raise ValueError(f"formula: {formula!r} needs exactly one dependent variable left of '~'")
     x_frame = matrices.rhs
-    if fe_name is not None:
-        x_frame = x_frame.drop(columns=[INTERCEPT])  # spanned by the fixed effect
+    if parsed.fe_names:
+        x_frame = x_frame.drop(columns=[INTERCEPT])  # spanned by the fixed effects
     if x_frame.shape[1] == 0:
         raise ValueError(f"formula: {formula!r} has no regressors")
-    x = np.ascontiguousarray(x_frame.to_numpy(dtype=np.float64))
-    y = np.ascontiguousarray(matrices.lhs.to_numpy(dtype=np.float64)[:, 0])
-    cluster_codes, n_clusters = _codes(frame, cluster, "cluster")
-    boot_codes = n_boot = None
-    if bootcluster is not None and bootcluster != cluster:
-        boot_codes, n_boot = _codes(frame, bootcluster, "bootcluster")
-    fe_codes = n_fe = None
-    if fe_name is not None:
-        fe_codes, n_fe = _codes(frame, fe_name, "formula fixed effect")
+    boot = None if bootcluster is None else _codes(frame, bootcluster, "bootcluster")
+    endogenous = instruments = instrument_names = None
+    if parsed.iv is not None:
+        endogenous, instruments, instrument_names = _iv_arrays(frame, parsed.iv, x_frame.columns)
     return DesignArrays(
-        x=x,
-        y=y,
+        x=np.ascontiguousarray(x_frame.to_numpy(dtype=np.float64)),
+        y=np.ascontiguousarray(matrices.lhs.to_numpy(dtype=np.float64)[:, 0]),
         names=[str(name) for name in x_frame.columns],
-        cluster=cluster_codes,
-        n_clusters=n_clusters,
-        bootcluster=boot_codes,
-        n_boot_clusters=n_boot,
-        fe=fe_codes,
-        n_fe=n_fe,
-        fe_name=fe_name,
+        clusters=[_codes(frame, name, "cluster") for name in cluster],
+        bootcluster=boot,
+        fixed_effects=[_codes(frame, name, "formula fixed effect") for name in parsed.fe_names],
+        weights=None if weights is None else _weights(frame, weights),
+        endogenous=endogenous,
+        instruments=instruments,
+        instrument_names=instrument_names,
+        endogenous_name=None if parsed.iv is None else parsed.iv.endogenous,
     )
+
+
+def _iv_arrays(frame: pd.DataFrame, iv: IvPart, exogenous: Any) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    values = frame[iv.endogenous]
+    if not pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        raise ValueError(f"formula: the endogenous column {iv.endogenous!r} is not numeric")
+    if iv.endogenous in exogenous:
+        raise ValueError(f"formula: {iv.endogenous!r} is both exogenous and endogenous")
+    try:
+        matrix = model_matrix(iv.instruments + " - 1", frame, na_action="raise")
+    except Exception as error:
+        raise ValueError(f"formula: cannot build the instruments {iv.instruments!r}: {plain_message(error)}") from None
+    names = [str(name) for name in matrix.columns]
+    return (np.ascontiguousarray(values.to_numpy(dtype=np.float64)),
+            np.ascontiguousarray(matrix.to_numpy(dtype=np.float64)), names)  # fmt: skip

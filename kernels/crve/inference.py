@@ -41,11 +41,18 @@ def _exceed(xp: ModuleType, boot: Any, stat: Any) -> Any:
     return boot > stat + TIE_RTOL * scale
 
 
+def _share(xp: ModuleType, flags: Any, defined: Any) -> Any:
+    """The share of the defined draws (t* not NaN) that are flagged."""
+    return flags.sum(axis=-1) / xp.maximum(defined.sum(axis=-1), 1)
+
+
 def p_values_from(xp: ModuleType, t_boot: Any, t_stat: Any) -> dict[str, Any]:
-    """All four bootstrap p-value types; ``t_stat`` may be an array broadcast against ``t_boot``'s last axis."""
-    above = _exceed(xp, t_boot, t_stat).mean(axis=-1)
-    below = _exceed(xp, -t_boot, -t_stat).mean(axis=-1)
-    two = _exceed(xp, xp.abs(t_boot), xp.abs(t_stat)).mean(axis=-1)
+    """All four bootstrap p-value types; ``t_stat`` may be an array broadcast against ``t_boot``'s last axis.
+    A draw without a t* (NaN: its variance was not positive, as multiway clustering allows) is left out."""
+    defined = ~xp.isnan(t_boot)
+    above = _share(xp, _exceed(xp, t_boot, t_stat), defined)
+    below = _share(xp, _exceed(xp, -t_boot, -t_stat), defined)
+    two = _share(xp, _exceed(xp, xp.abs(t_boot), xp.abs(t_stat)), defined)
     return {"two-tailed": two, "equal-tailed": 2 * xp.minimum(above, below), ">": above, "<": below}
 
 
@@ -98,8 +105,12 @@ class PValueCurve:
         cross: np.ndarray | None,
         sumsq1: np.ndarray | None,
         p_val_type: str,
+        signed_variance: bool = False,
     ) -> None:
+        """``signed_variance``: the variance is a signed sum (multiway), so a negative value is real (the draw
+        has no t*) rather than rounding below zero."""
         self.estimate, self.se, self.r0, self.factor = estimate, se, r0, factor
+        self.signed_variance = signed_variance
         self.numer, self.sumsq = numer, sumsq
         self.numer1, self.cross, self.sumsq1 = numer1, cross, sumsq1
         self.p_val_type = p_val_type
@@ -110,7 +121,9 @@ class PValueCurve:
         else:
             d = r - self.r0
             numer = self.numer - d * self.numer1
-            sumsq = np.maximum(self.sumsq - 2 * d * self.cross + d * d * self.sumsq1, 0.0)
+            sumsq = self.sumsq - 2 * d * self.cross + d * d * self.sumsq1
+            if not self.signed_variance:
+                sumsq = np.maximum(sumsq, 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             return numer / np.sqrt(self.factor * sumsq)
 
@@ -120,7 +133,11 @@ class PValueCurve:
         else:
             d = r - self.r0
             numer = self.numer[b] - d * self.numer1[b]
-            sumsq = max(self.sumsq[b] - 2 * d * self.cross[b] + d * d * self.sumsq1[b], 0.0)
+            sumsq = self.sumsq[b] - 2 * d * self.cross[b] + d * d * self.sumsq1[b]
+            if not self.signed_variance:
+                sumsq = max(sumsq, 0.0)
+        if sumsq < 0:
+            return math.nan
         return numer / math.sqrt(self.factor * sumsq) if sumsq > 0 else math.copysign(math.inf, numer)
 
     def _tail(self, tail: str, r: float) -> tuple[float, np.ndarray]:
@@ -132,7 +149,7 @@ class PValueCurve:
             flags = _exceed(np, t_boot, t_stat)
         else:
             flags = _exceed(np, -t_boot, -t_stat)
-        return float(flags.mean()), flags
+        return float(_share(np, flags, ~np.isnan(t_boot))), flags
 
     def _crossing(self, tail: str, b: int, inside: float, outside: float) -> float | None:
         """Where draw b's comparison with the statistic flips between ``inside`` and ``outside`` (a root)."""
@@ -213,6 +230,40 @@ class PValueCurve:
                 f"above upper end {upper:.6g}); lower sign_level or set conf_int to false"
             )
         return lower, upper
+
+
+def romano_wolf_p_values(t_stats: np.ndarray, t_boot: np.ndarray) -> np.ndarray:
+    """Romano-Wolf (2005, 2016) stepdown adjusted p-values from S statistics and their B x S bootstrap draws
+    (shared draws), as pyfixest's ``rwolf``: hypotheses in decreasing |t|; step s compares |t_(s)| with the
+    draws' largest |t*| over the hypotheses not yet stepped past, p_s = (#{max >= |t_(s)|} + 1) / (B + 1),
+    then the running maximum makes them monotone. A draw without a t* (NaN) does not count as a maximum."""
+    size = np.abs(np.asarray(t_stats, dtype=np.float64))
+    draws = np.abs(np.asarray(t_boot, dtype=np.float64))
+    reps = draws.shape[0]
+    order = np.argsort(size)[::-1]
+    initial = np.empty(size.size)
+    for step, hypothesis in enumerate(order):
+        remaining = draws[:, order[step:]]
+        largest = np.fmax.reduce(remaining, axis=1)
+        initial[step] = min(1.0, (np.sum(largest >= size[hypothesis]) + 1) / (reps + 1))
+    adjusted = np.maximum.accumulate(initial)
+    out = np.empty(size.size)
+    out[order] = adjusted
+    return out
+
+
+def westfall_young_p_values(p_values: np.ndarray, p_boot: np.ndarray) -> np.ndarray:
+    """Westfall-Young (1993) stepdown minP adjusted p-values from S p-values and their B x S bootstrap
+    counterparts, as pyfixest's ``wyoung`` (there the p-values are analytic t(df) ones of t and of each t*):
+    hypotheses in increasing p; step s counts the draws whose smallest p* over the hypotheses from s on is at
+    most p_(s); the running maximum makes them monotone."""
+    p_values = np.asarray(p_values, dtype=np.float64)
+    order = np.argsort(p_values)
+    smallest_from = np.fmin.accumulate(np.asarray(p_boot)[:, order[::-1]], axis=1)[:, ::-1]  # NaN: no draw
+    initial = np.mean(smallest_from <= p_values[order], axis=0)
+    out = np.empty(p_values.size)
+    out[order] = np.maximum.accumulate(initial)
+    return out
 
 
 def t_summary(t_boot: np.ndarray) -> dict[str, Any]:

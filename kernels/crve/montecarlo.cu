@@ -1,13 +1,14 @@
 // The CGM (2008) Monte Carlo data generated in registers and reduced at once to cluster statistics
 // X_g'X_g (K x K) and X_g'y_g (K) (NumPy twin: montecarlo.cluster_statistics_numpy). Define: K (regressors,
-// the intercept included); NSTAT and the per-row products come from crve/crossprod.cuh. One warp per (replication, cluster); the R x G x m data never touch memory.
+// the intercept included); NSTAT and the per-row products come from crve/crossprod.cuh. One warp per (replication, cluster); the R x N data never touch memory. Cluster sizes
+// may differ (unbalanced designs): offsets (G + 1) give each cluster's first observation.
 // Philox addresses as in kernels/crve/montecarlo.py and docs/crve.md (streams GPUEST_STREAM_CRVE_MC_*).
 
 #define KM1 (K - 1)
 
 extern "C" __global__ void cgm_cluster_stats(
-        unsigned long long seed, long long first_rep, long long n_rep, long long n_clusters, long long m,
-        double* __restrict__ xtx_out, double* __restrict__ xty_out) {
+        unsigned long long seed, long long first_rep, long long n_rep, long long n_clusters, long long n_obs,
+        const long long* __restrict__ offsets, double* __restrict__ xtx_out, double* __restrict__ xty_out) {
     const long long warp_id = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (warp_id >= n_rep * n_clusters) return;  // whole warps leave together
@@ -27,9 +28,10 @@ extern "C" __global__ void cgm_cluster_stats(
     double acc[NSTAT];
     #pragma unroll
     for (int s = 0; s < NSTAT; ++s) acc[s] = 0.0;
-    const long long n_obs = n_clusters * m;
-    for (long long i = lane; i < m; i += 32) {
-        const long long obs = r * n_obs + g * m + i;
+    // Cluster g holds observations offsets[g] .. offsets[g + 1] - 1 of each replication (m each when balanced).
+    const long long first_obs = offsets[g], size = offsets[g + 1] - first_obs;
+    for (long long i = lane; i < size; i += 32) {
+        const long long obs = r * n_obs + first_obs + i;
         double x[K];
         x[0] = 1.0;
         double slope_sum = 0.0;

@@ -41,6 +41,7 @@ STREAM_X_CLUSTER = rng.STREAMS["CRVE_MC_X_CLUSTER"]
 STREAM_U_CLUSTER = rng.STREAMS["CRVE_MC_U_CLUSTER"]
 STREAM_X_INDIVIDUAL = rng.STREAMS["CRVE_MC_X_INDIVIDUAL"]
 STREAM_U_INDIVIDUAL = rng.STREAMS["CRVE_MC_U_INDIVIDUAL"]
+STREAM_CLUSTER_SIZES = rng.STREAMS["CRVE_MC_CLUSTER_SIZES"]
 TRUE_COEFFICIENT = 1.0
 LEVELS = (0.01, 0.05, 0.10)
 _WARP_BLOCK = 128  # threads per block of cgm_cluster_stats: 4 warps, one per (replication, cluster)
@@ -57,13 +58,37 @@ _SOURCE = cuda.kernel_source(
 @dataclass(frozen=True)
 class Design:
     n_clusters: int
-    cluster_size: int
+    cluster_size: int  # m; with ``sizes`` the mean size asked for
     n_regressors: int  # including the intercept
     seed: int
+    sizes: tuple[int, ...] | None = None  # unbalanced: each cluster's size (None: all m)
+
+    @property
+    def cluster_sizes(self) -> np.ndarray:
+        if self.sizes is None:
+            return np.full(self.n_clusters, self.cluster_size, dtype=np.int64)
+        return np.asarray(self.sizes, dtype=np.int64)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Each cluster's first observation within a replication (G + 1 entries, the last N)."""
+        return np.concatenate([[0], np.cumsum(self.cluster_sizes)]).astype(np.int64)
 
     @property
     def n_obs(self) -> int:
-        return self.n_clusters * self.cluster_size
+        return int(self.cluster_sizes.sum())
+
+    @property
+    def largest_cluster(self) -> int:
+        return int(self.cluster_sizes.max())
+
+
+def lognormal_sizes(n_clusters: int, mean_size: int, dispersion: float, seed: int) -> tuple[int, ...]:
+    """Unbalanced cluster sizes: m exp(s z_g - s^2 / 2) rounded, at least 1, z_g standard normal from Philox
+    (stream CRVE_MC_CLUSTER_SIZES at g): mean about m, coefficient of variation sqrt(exp(s^2) - 1)."""
+    z = rng.normal(np, seed, STREAM_CLUSTER_SIZES, np.arange(n_clusters, dtype=np.int64))
+    sizes = np.maximum(1, np.rint(mean_size * np.exp(dispersion * z - 0.5 * dispersion**2)))
+    return tuple(int(size) for size in sizes)
 
 
 def cgm_data(xp: ModuleType, design: Design, first_replication: int, n_replications: int) -> tuple[Any, Any]:
@@ -71,22 +96,27 @@ def cgm_data(xp: ModuleType, design: Design, first_replication: int, n_replicati
 
     The reference generator (and the NumPy path): it materialises the data, so callers keep blocks small.
     """
-    g_count, m, k = design.n_clusters, design.cluster_size, design.n_regressors
+    g_count, m, k = design.n_clusters, design.largest_cluster, design.n_regressors
     n = design.n_obs
     reps = xp.arange(first_replication, first_replication + n_replications, dtype=xp.int64)
     clusters = xp.arange(g_count, dtype=xp.int64)
     regressors = xp.arange(k - 1, dtype=xp.int64)
     within = xp.arange(m, dtype=xp.int64)
+    offsets = xp.asarray(design.offsets[:-1])
     cluster_address = reps[:, None] * g_count + clusters[None, :]  # (R, G)
     e_g = rng.normal(xp, design.seed, STREAM_X_CLUSTER, cluster_address[:, :, None] * (k - 1) + regressors)
     u_g = rng.normal(xp, design.seed, STREAM_U_CLUSTER, cluster_address)
-    obs_address = reps[:, None, None] * n + clusters[None, :, None] * m + within[None, None, :]  # (R, G, m)
+    obs_address = reps[:, None, None] * n + offsets[None, :, None] + within[None, None, :]  # (R, G, m)
     e_i = rng.normal(xp, design.seed, STREAM_X_INDIVIDUAL, obs_address[..., None] * (k - 1) + regressors)
     u_i = rng.normal(xp, design.seed, STREAM_U_INDIVIDUAL, obs_address)
     slopes = e_i + e_g[:, :, None, :]
     y = TRUE_COEFFICIENT * (1.0 + slopes.sum(axis=-1)) + u_i + u_g[:, :, None]
     ones = xp.ones((*slopes.shape[:-1], 1), dtype=xp.float64)
-    return xp.concatenate([ones, slopes], axis=-1), y
+    x = xp.concatenate([ones, slopes], axis=-1)
+    if design.sizes is not None:  # rows past a cluster's size are padding: zero rows add nothing to the sums
+        present = (within[None, :] < xp.asarray(design.cluster_sizes)[:, None]).astype(xp.float64)  # (G, m)
+        x, y = x * present[None, :, :, None], y * present[None, :, :]
+    return x, y
 
 
 def cluster_statistics_numpy(xp: ModuleType, design: Design, first: int, count: int) -> tuple[Any, Any]:
@@ -182,25 +212,22 @@ def replication_weights(
 def cluster_statistics(xp: ModuleType, design: Design, first: int, count: int) -> tuple[Any, Any]:
     """X_g'X_g, X_g'y_g of a block: generated in registers on the GPU, through ``cgm_data`` on NumPy."""
     if not is_numpy(xp):
-        return cgm_cluster_statistics_gpu(
-            xp, design.seed, design.n_clusters, design.cluster_size, design.n_regressors, first, count
-        )
+        return cgm_cluster_statistics_gpu(xp, design, first, count)
     return cluster_statistics_numpy(xp, design, first, count)
 
 
-def cgm_cluster_statistics_gpu(
-    cupy: ModuleType, seed: int, n_clusters: int, cluster_size: int, n_regressors: int, first: int, count: int
-) -> tuple[Any, Any]:
+def cgm_cluster_statistics_gpu(cupy: ModuleType, design: Design, first: int, count: int) -> tuple[Any, Any]:
     """X_g'X_g (R, G, k, k) and X_g'y_g (R, G, k) of replications first..first+count-1, the data made in
     registers by ``cgm_cluster_stats`` (twin: :func:`cluster_statistics_numpy`)."""
-    k = n_regressors
+    k, n_clusters, seed = design.n_regressors, design.n_clusters, design.seed
     xtx = cupy.empty((count, n_clusters, k, k), dtype=cupy.float64)
     xty = cupy.empty((count, n_clusters, k), dtype=cupy.float64)
     warps = count * n_clusters
     blocks = (warps * 32 + _WARP_BLOCK - 1) // _WARP_BLOCK
     cuda.function(_SOURCE, "cgm_cluster_stats", {"K": k})(
         (blocks,), (_WARP_BLOCK,),
-        (np.uint64(seed), np.int64(first), np.int64(count), np.int64(n_clusters), np.int64(cluster_size), xtx, xty),
+        (np.uint64(seed), np.int64(first), np.int64(count), np.int64(n_clusters), np.int64(design.n_obs),
+         cupy.asarray(design.offsets), xtx, xty),
     )  # fmt: skip
     return xtx, xty
 
@@ -277,7 +304,8 @@ BlockFunction = Callable[[int, int], ReplicationStats]
 
 def block_size(design: Design, budget_elements: int, extra_per_replication: int = 0) -> int:
     """Replications per block so that one block's arrays hold about ``budget_elements`` float64s."""
-    per_replication = design.n_obs * (design.n_regressors + 2) + extra_per_replication
+    padded = design.n_clusters * design.largest_cluster  # the NumPy generator pads every cluster to the largest
+    per_replication = padded * (design.n_regressors + 2) + extra_per_replication
     return max(1, budget_elements // max(per_replication, 1))
 
 

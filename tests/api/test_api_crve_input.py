@@ -33,7 +33,15 @@ def _problem(client: TestClient, headers: dict[str, str], spec: dict[str, object
 
 def test_a_valid_spec_is_accepted(client, alice, dataset_id) -> None:
     assert client.post("/v1/jobs", json=_spec(dataset_id), headers=alice).status_code == 202
-    categorical = _spec(dataset_id, formula="y ~ np.log(x1 + 1) + C(x2) | year", bootcluster="year")
+    categorical = _spec(
+        dataset_id, formula="y ~ np.log(x1 + 1) + C(x2) | year", bootcluster="year", param="np.log(x1 + 1)"
+    )
+    assert client.post("/v1/jobs", json=categorical, headers=alice).status_code == 202
+    two_way = _spec(dataset_id, formula="y ~ x1 | firm + year", cluster=["firm", "year"], param=None,
+                    hypothesis=["x1 = 0.5"])  # fmt: skip
+    assert client.post("/v1/jobs", json=two_way, headers=alice).status_code == 202
+    weighted = _spec(dataset_id, cluster=None, weights="x2", param=None, hypothesis=["x1 - x2 = 0", "x1 = 1"])
+    assert client.post("/v1/jobs", json=weighted, headers=alice).status_code == 202
     assert client.post("/v1/jobs", json=categorical, headers=alice).status_code == 202
 
 
@@ -45,7 +53,8 @@ def test_a_valid_spec_is_accepted(client, alice, dataset_id) -> None:
         ("y ~ log(x1", "quote context"),
         ("y ~ x1 **", "Operator `**`"),
         ("y x1", "has no '~'"),
-        ("y ~ x1 | firm + year", "only one absorbed fixed effect"),
+        ("y ~ x1 | firm + (year", "must be a column or the interaction"),
+        ("y ~ x1 | firm + firm", "named twice"),
     ],
 )
 def test_formula_typos_are_plain_422s_on_params_formula(client, alice, dataset_id, formula, says) -> None:
@@ -63,6 +72,9 @@ def test_formula_typos_are_plain_422s_on_params_formula(client, alice, dataset_i
         ({"formula": "y ~ x1 + foo(x2)"}, "params.formula", "['foo']"),
         ({"cluster": "county"}, "params.cluster", "'county'"),
         ({"bootcluster": "state"}, "params.bootcluster", "'state'"),
+        ({"cluster": ["firm", "county"]}, "params.cluster", "'county'"),
+        ({"weights": "w"}, "params.weights", "'w'"),
+        ({"formula": "y ~ x1 | firm^region"}, "params.formula", "['region']"),
     ],
 )
 def test_columns_the_dataset_lacks_are_422s_naming_field_and_column(
@@ -76,7 +88,7 @@ def test_columns_the_dataset_lacks_are_422s_naming_field_and_column(
 
 
 def test_every_missing_column_is_reported_at_once(client, alice, dataset_id) -> None:
-    problem = _problem(client, alice, _spec(dataset_id, formula="y ~ x9 | region", cluster="county"))
+    problem = _problem(client, alice, _spec(dataset_id, formula="y ~ x9 | region", cluster="county", param="x9"))
     assert sorted(error["field"] for error in problem["errors"]) == ["params.cluster", "params.formula"]
 
 
@@ -90,3 +102,30 @@ def test_synthetic_data_has_no_stored_schema_and_is_checked_when_the_job_runs(cl
     assert problem["errors"][0]["field"] == "params.formula"
     spec["params"]["formula"] = "y ~ x1 + x9"
     assert client.post("/v1/jobs", json=spec, headers=alice).status_code == 202
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "says"),
+    [
+        ({"param": None, "hypothesis": "x1 - x3 = 0"}, "params.hypothesis", "'x3' is not a coefficient"),
+        ({"param": None, "hypothesis": ["x1 = 0", "2*x1 = 1"]}, "params.hypothesis", "linearly dependent"),
+        ({"param": None, "hypothesis": "x1 * x2 = 0"}, "params.hypothesis", "not linear"),
+        ({"param": None, "hypothesis": "x1 + x2"}, "params.hypothesis", "single '='"),
+        ({"param": "x3"}, "params.param", "'x3' is not a coefficient"),
+        ({"param": None}, "params", "exactly one of param"),
+        ({"hypothesis": "x1 = 0"}, "params", "exactly one of param"),
+        ({"cluster": ["firm", "year", "x2", "x1"]}, "params.cluster", "1 to 3 cluster columns"),
+        ({"cluster": None, "bootcluster": "firm"}, "params", "bootcluster needs cluster"),
+        ({"param": None, "family": ["x1 = 0"]}, "params.family", "2 to 200"),
+        ({"param": None, "family": ["x1 = 0", "x9 = 0"]}, "params.family", "'x9' is not a coefficient"),
+        ({"family": ["x1 = 0", "x2 = 0"]}, "params", "exactly one of param"),
+        ({"formula": "y ~ x1 | x2 ~ year"}, "params", "tests its endogenous coefficient"),
+        ({"formula": "y ~ x1 | x2 ~ year", "param": "x2", "cluster": ["firm", "year"]}, "params", "['cluster']"),
+        ({"formula": "y ~ x1 | x2 ~ x2", "param": "x2"}, "params.formula", "cannot instrument itself"),
+        ({"param": None, "hypothesis": ["x1 = 0", "x2 = 0"], "bootstrap_type": "33"}, "params", "one restriction"),
+    ],
+)
+def test_hypotheses_and_clusters_are_checked_at_submission(client, alice, dataset_id, params, field, says) -> None:
+    problem = _problem(client, alice, _spec(dataset_id, **params))
+    assert [error["field"] for error in problem["errors"]] == [field]
+    assert says in problem["errors"][0]["message"]

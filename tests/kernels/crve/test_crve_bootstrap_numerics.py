@@ -22,12 +22,12 @@ def _clustered_sample(seed: int, n_obs: int, n_clusters: int, k: int) -> tuple[n
     return x, y, cluster
 
 
-def _wildboottest(x, y, cluster, j, r, impose_null):
+def _wildboottest(x, y, cluster, j, r, impose_null, bootstrap_type="11"):
     """wildboottest tests beta_j = 0 only; beta_j = r on y is beta_j = 0 on y - r x_j (same t and t*)."""
     restriction = np.zeros(x.shape[1])
     restriction[j] = 1.0
     boot = WildboottestCL(X=x, Y=y - r * x[:, j], cluster=cluster, R=restriction, B=99_999, seed=1, parallel=False)
-    boot.get_scores(bootstrap_type="11", impose_null=impose_null)
+    boot.get_scores(bootstrap_type=bootstrap_type, impose_null=impose_null)
     boot.get_weights("rademacher")
     assert boot.full_enumeration
     boot.get_numer()
@@ -62,6 +62,22 @@ def test_enumerated_bootstrap_matches_wildboottest(impose_null: bool, r: float) 
         }[p_val_type]
         ties = np.sum(np.isclose(np.abs(t_boot_ref), abs(t_ref), rtol=1e-9, atol=0))
         assert abs(ours.p_values[p_val_type] - raw) <= 2 * ties / ours.reps_used + 1e-12
+
+
+@pytest.mark.parametrize("bootstrap_type", ["11", "31"])
+@pytest.mark.parametrize("impose_null", [True, False])
+def test_jackknife_variants_equal_wildboottest_under_enumeration(bootstrap_type: str, impose_null: bool) -> None:
+    """MNW 2023's variants as wildboottest names them (the first digit the DGP's residuals, the second the
+    variance), on all 2^9 sign vectors: the same t and the same set of t*. (Its CRV3 t*, types 13 and 33, stops
+    under NumPy 2: it assigns an array to one element of its denominators; test_crve_regressions.py checks those
+    against a brute force.)"""
+    x, y, cluster = _clustered_sample(17, 300, 9, 3)
+    t_ref, t_boot_ref = _wildboottest(x, y, cluster, 2, 0.0, impose_null, bootstrap_type)
+    options = BootstrapOptions(param=2, reps=9_999, impose_null=impose_null, bootstrap_type=bootstrap_type,
+                               conf_int=False)  # fmt: skip
+    ours = wild_cluster_bootstrap(np, BootstrapData(x, y, cluster, 9), options)
+    assert ours.enumerated and ours.t_stat == pytest.approx(t_ref, rel=1e-10)
+    np.testing.assert_allclose(np.sort(ours.t_boot), np.sort(t_boot_ref), rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("ssc", [True, False])
@@ -377,7 +393,9 @@ def test_fixed_effect_small_sample_convention_against_statsmodels_dummies(nested
     y = y + 2.0 * rs.normal(size=n_fe)[fe]
     dummies = (fe[:, None] == np.arange(n_fe)).astype(float)
     ours = wild_cluster_bootstrap(
-        np, BootstrapData(x, y, cluster, g_count, fe=fe, n_fe=n_fe), BootstrapOptions(param=1, reps=9, conf_int=False)
+        np,
+        BootstrapData(x, y, cluster, g_count, fe=fe, n_fe=n_fe),
+        BootstrapOptions(param=1, reps=9, conf_int=False, drop_singletons=False),  # statsmodels keeps them
     )
     # statsmodels' default cluster correction: G/(G-1) (N-1)/(N-K), K = every column, the dummies included.
     fit = sm.OLS(y, np.column_stack([x, dummies])).fit(cov_type="cluster", cov_kwds={"groups": cluster})

@@ -201,3 +201,56 @@ def test_single_replication_result_is_valid_json() -> None:
     result = _run(replications=1)
     assert result["sd_estimate"] is None and result["se_ratio"] is None
     json.dumps(result, allow_nan=False)
+
+
+def test_unbalanced_design_generates_each_cluster_at_its_size() -> None:
+    """The padded NumPy generator against a loop over clusters that draws each observation at its address."""
+    from kernels import rng
+
+    sizes = (1, 7, 3, 12, 5)
+    design = mc.Design(n_clusters=5, cluster_size=6, n_regressors=3, seed=21, sizes=sizes)
+    assert design.n_obs == 28 and list(design.offsets) == [0, 1, 8, 11, 23, 28]
+    xtx, xty = mc.cluster_statistics_numpy(np, design, 4, 2)
+    for r_index, r in enumerate((4, 5)):
+        for g, size in enumerate(sizes):
+            e_g = rng.normal(np, 21, mc.STREAM_X_CLUSTER, (r * 5 + g) * 2 + np.arange(2))
+            u_g = rng.normal(np, 21, mc.STREAM_U_CLUSTER, np.array([r * 5 + g]))[0]
+            obs = r * 28 + design.offsets[g] + np.arange(size)
+            slopes = rng.normal(np, 21, mc.STREAM_X_INDIVIDUAL, obs[:, None] * 2 + np.arange(2)) + e_g
+            y = 1.0 + slopes.sum(axis=1) + rng.normal(np, 21, mc.STREAM_U_INDIVIDUAL, obs) + u_g
+            x = np.column_stack([np.ones(size), slopes])
+            np.testing.assert_allclose(xtx[r_index, g], x.T @ x, rtol=1e-13)
+            np.testing.assert_allclose(xty[r_index, g], x.T @ y, rtol=1e-13)
+    balanced = mc.Design(n_clusters=5, cluster_size=6, n_regressors=3, seed=21)
+    same = mc.Design(n_clusters=5, cluster_size=6, n_regressors=3, seed=21, sizes=(6,) * 5)
+    np.testing.assert_array_equal(mc.cluster_statistics_numpy(np, balanced, 0, 3)[0],
+                                  mc.cluster_statistics_numpy(np, same, 0, 3)[0])  # fmt: skip
+
+
+def test_unbalanced_monte_carlo_job() -> None:
+    from kernels.context import RunContext, run_kind
+    from kernels.progress import LocalProgress
+    from kernels.registry import get_kind
+
+    params = {"n_clusters": 20, "cluster_size": 15, "n_regressors": 3, "replications": 300,
+              "cluster_size_dispersion": 1.0, "seed": 4}  # fmt: skip
+    result = run_kind(get_kind("crve_montecarlo"), params, RunContext(np, LocalProgress()))
+    sizes = mc.lognormal_sizes(20, 15, 1.0, 4)
+    assert result["n_obs"] == sum(sizes) and result["cluster_sizes"]["max"] == max(sizes)
+    assert result["cluster_sizes"]["cv"] > 0.5  # lognormal with s = 1: CV about 1.3
+    assert 0 <= result["rejection_rate"]["0.05"] <= 1
+
+
+def test_unbalanced_params_are_checked() -> None:
+    from pydantic import ValidationError
+
+    from kernels.crve.spec import MonteCarloParams
+
+    base = {"n_clusters": 3, "cluster_size": 5, "n_regressors": 2, "replications": 10}
+    with pytest.raises(ValidationError, match="has 2 sizes for n_clusters=3"):
+        MonteCarloParams(**base, cluster_sizes=[1, 2])
+    with pytest.raises(ValidationError, match="not both"):
+        MonteCarloParams(**base, cluster_sizes=[1, 2, 3], cluster_size_dispersion=0.5)
+    with pytest.raises(ValidationError, match="every size is 1 to"):
+        MonteCarloParams(**base, cluster_sizes=[0, 2, 3])
+    assert MonteCarloParams(**base, cluster_sizes=[1, 2, 30]).design_sizes == (1, 2, 30)

@@ -17,8 +17,9 @@ import statsmodels.api as sm
 from statsmodels.datasets import grunfeld
 
 from kernels.backend import to_host
-from kernels.crve.bootstrap import BootstrapData, BootstrapOptions, BootstrapOutcome, wild_cluster_bootstrap
+from kernels.crve.bootstrap import BootstrapOptions, BootstrapOutcome, wild_cluster_bootstrap
 from kernels.crve.formula import design_from_formula
+from kernels.crve.jobs import device_data
 
 # pyfixest 0.60.0 (PyPI; statsmodels 0.15.0's grunfeld, 220 rows, 11 firms, 20 years), produced by
 #     import pyfixest as pf; from statsmodels.datasets import grunfeld
@@ -38,11 +39,8 @@ PYFIXEST_COEFFICIENTS = {
 
 def _grunfeld_fit(xp: ModuleType, fe: str, ssc: bool = True) -> tuple[BootstrapOutcome, list[str]]:
     frame = grunfeld.load_pandas().data
-    design = design_from_formula(frame, f"invest ~ value + capital | {fe}", "firm")
-    data = BootstrapData(
-        x=xp.asarray(design.x), y=xp.asarray(design.y), cluster=xp.asarray(design.cluster),
-        n_clusters=design.n_clusters, fe=xp.asarray(design.fe), n_fe=design.n_fe, names=design.names,
-    )
+    design = design_from_formula(frame, f"invest ~ value + capital | {fe}", ["firm"])
+    data = device_data(design, xp)
     outcome = wild_cluster_bootstrap(xp, data, BootstrapOptions(param=0, reps=99, conf_int=False, ssc=ssc, seed=3))
     return outcome, design.names
 

@@ -11,32 +11,33 @@ import time
 import numpy as np
 from HARK.ConsumptionSaving.ConsAggShockModel import KrusellSmithEconomy, KrusellSmithType
 
-t = time.time()
-agent = KrusellSmithType()
-economy = KrusellSmithEconomy(agents=[agent])
-economy.give_agent_params()
-economy.make_Mrkv_history()
-economy.verbose = True
-economy.solve()
-secs = time.time() - t
-hist = economy.history
-A = np.asarray(hist["Aprev"])
-M = np.asarray(hist["Mnow"])
-mrkv = np.asarray(hist["Mrkv"])
-disc = economy.T_discard
-# K_t = Aprev_t; regress ln K_{t+1} on ln K_t by state of t, as ks_solve does
-K = A
-x, y, s = np.log(K[disc:-1]), np.log(K[disc + 1:]), mrkv[disc:-1]
-rows = {}
-for st in (0, 1):
-    m = s == st
-    b1, b0 = np.polyfit(x[m], y[m], 1)
-    rows[st] = [b0, b1]
-out = {"seconds": secs, "AFunc_intercept": list(map(float, economy.intercept_prev)),
-       "AFunc_slope": list(map(float, economy.slope_prev)),
-       "K_on_K": {"bad": rows[0], "good": rows[1]}, "mean_K": float(K[disc:].mean()),
-       "mean_M": float(M[disc:].mean()), "LbrInd": economy.LbrInd, "act_T": economy.act_T, "T_discard": disc,
-       "AgentCount": agent.AgentCount, "Mgrid": list(map(float, agent.Mgrid)), "aGrid_max": float(agent.aGrid.max())}
-print(json.dumps(out))
-with open(sys.argv[1] if len(sys.argv) > 1 else "hark_result.json", "w") as handle:
-    json.dump(out, handle)
+
+def alm_summary(economy: KrusellSmithEconomy, discard: int) -> dict:
+    """HARK's solved economy in ks_solve's terms: K_t = Aprev_t, ln K_{t+1} on ln K_t by the state of t (as
+    ks_solve regresses), the means of K and M after ``discard`` periods, and HARK's own AFunc."""
+    hist = economy.history
+    K, M, mrkv = (np.asarray(hist[name]) for name in ("Aprev", "Mnow", "Mrkv"))
+    x, y, s = np.log(K[discard:-1]), np.log(K[discard + 1:]), mrkv[discard:-1]
+    rows = {}
+    for st in (0, 1):
+        b1, b0 = np.polyfit(x[s == st], y[s == st], 1)
+        rows[st] = [float(b0), float(b1)]
+    return {"AFunc_intercept": list(map(float, economy.intercept_prev)),
+            "AFunc_slope": list(map(float, economy.slope_prev)), "K_on_K": {"bad": rows[0], "good": rows[1]},
+            "mean_K": float(K[discard:].mean()), "mean_M": float(M[discard:].mean())}
+
+
+if __name__ == "__main__":
+    t = time.time()
+    agent = KrusellSmithType()
+    economy = KrusellSmithEconomy(agents=[agent])
+    economy.give_agent_params()
+    economy.make_Mrkv_history()
+    economy.verbose = True
+    economy.solve()
+    out = {"seconds": time.time() - t, **alm_summary(economy, economy.T_discard), "LbrInd": economy.LbrInd,
+           "act_T": economy.act_T, "T_discard": economy.T_discard, "AgentCount": agent.AgentCount,
+           "Mgrid": list(map(float, agent.Mgrid)), "aGrid_max": float(agent.aGrid.max())}
+    print(json.dumps(out))
+    with open(sys.argv[1] if len(sys.argv) > 1 else "hark_result.json", "w") as handle:
+        json.dump(out, handle)

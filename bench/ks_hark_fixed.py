@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 from HARK.ConsumptionSaving.ConsAggShockModel import KrusellSmithEconomy, KrusellSmithType
+from ks_hark import alm_summary  # the script's folder is on sys.path
 
 ARRAYS = ("transition_arrays", "ProbArray", "mNextArray", "MnextArray", "RnextArray")
 
@@ -45,20 +46,8 @@ economy.make_Mrkv_history()
 economy.verbose = True
 economy.max_loops = int(sys.argv[7])
 economy.solve()
-secs = time.time() - t
-hist = economy.history
-K = np.asarray(hist["Aprev"])
-M = np.asarray(hist["Mnow"])
-mrkv = np.asarray(hist["Mrkv"])
-x, y, s = np.log(K[discard:-1]), np.log(K[discard + 1:]), mrkv[discard:-1]
-rows = {}
-for st in (0, 1):
-    b1, b0 = np.polyfit(x[s == st], y[s == st], 1)
-    rows[st] = [float(b0), float(b1)]
-out = {"seconds": secs, "AFunc_intercept": list(map(float, economy.intercept_prev)),
-       "AFunc_slope": list(map(float, economy.slope_prev)), "K_on_K": {"bad": rows[0], "good": rows[1]},
-       "mean_K": float(K[discard:].mean()), "mean_M": float(M[discard:].mean()), "act_T": act_T,
-       "T_discard": discard, "AgentCount": agent.AgentCount, "max_a": float(np.max(agent.state_now["aNow"]))}
+out = {"seconds": time.time() - t, **alm_summary(economy, discard), "act_T": act_T, "T_discard": discard,
+       "AgentCount": agent.AgentCount, "max_a": float(np.max(agent.state_now["aNow"]))}
 print(json.dumps(out))
 with open(sys.argv[1], "w") as handle:
     json.dump(out, handle)

@@ -76,66 +76,54 @@ struct ks_stencil {
     int count;
 };
 
-// The K side: which columns of a row and their weights.
-__device__ __forceinline__ ks_stencil ks_K_stencil(const ks_grid_params& g, ks_real K, int method) {
+// One axis of the separable stencil, the same rule on k and on K: ``cell`` and ``frac`` place the point in grid
+// coordinates; ``linear`` is the bilinear method's weight of the upper node (physical on k, the grid fraction on
+// K); the local cubic evaluates its Lagrange filter at ``x`` over ``nodes`` (nullptr: the grid coordinates
+// themselves, as on K), the stencil cell-1 .. cell+2 shifted inwards at the edges (min(size, 4) nodes).
+__device__ __forceinline__ ks_stencil ks_axis_stencil(int cell, ks_real frac, int size, int method, ks_real linear,
+                                                      ks_real x, const ks_real* nodes) {
     ks_stencil st;
-    ks_real f_K;
-    const ks_real s_K = ks_K_coordinate(g, K);
-    const int j = ks_cell(s_K, g.nK, &f_K);
     if (method == 0) {
         st.count = 2;
-        st.index[0] = j; st.index[1] = j + 1; st.index[2] = j; st.index[3] = j;
-        st.weight[0] = (ks_real)1.0 - f_K; st.weight[1] = f_K; st.weight[2] = (ks_real)0; st.weight[3] = (ks_real)0;
+        st.index[0] = cell; st.index[1] = cell + 1; st.index[2] = cell; st.index[3] = cell;
+        st.weight[0] = (ks_real)1.0 - linear; st.weight[1] = linear; st.weight[2] = (ks_real)0;
+        st.weight[3] = (ks_real)0;
     } else if (method == 1) {
         st.count = 4;
-        ks_catrom_weights(f_K, st.weight);
+        ks_catrom_weights(frac, st.weight);
         #pragma unroll
-        for (int d = 0; d < 4; ++d) st.index[d] = min(max(j + d - 1, 0), g.nK - 1);
+        for (int d = 0; d < 4; ++d) st.index[d] = min(max(cell + d - 1, 0), size - 1);
     } else {
-        const int length = g.nK < 4 ? g.nK : 4;
-        const int first = min(max(j - 1, 0), g.nK - length);
-        ks_real nodes[4];
+        const int length = size < 4 ? size : 4;
+        const int first = min(max(cell - 1, 0), size - length);
+        ks_real at[4];
         #pragma unroll
         for (int d = 0; d < 4; ++d) {
-            nodes[d] = (ks_real)(first + d);
             st.index[d] = d < length ? first + d : first;
+            at[d] = nodes == nullptr ? (ks_real)(first + d) : nodes[st.index[d]];
         }
-        ks_lagrange_weights(s_K, nodes, length, st.weight);
+        ks_lagrange_weights(x, at, length, st.weight);
         st.count = length;
     }
     return st;
 }
 
+// The K side: which columns of a row and their weights.
+__device__ __forceinline__ ks_stencil ks_K_stencil(const ks_grid_params& g, ks_real K, int method) {
+    ks_real f_K;
+    const ks_real s_K = ks_K_coordinate(g, K);
+    const int j = ks_cell(s_K, g.nK, &f_K);
+    return ks_axis_stencil(j, f_K, g.nK, method, f_K, s_K, nullptr);
+}
+
 // The k side at one point: which rows and their weights (k_nodes: the k grid, in global or shared memory).
 __device__ __forceinline__ ks_stencil ks_k_stencil(const ks_real* k_nodes, ks_real k, const ks_grid_params& g,
                                                    int method) {
-    ks_stencil st;
     ks_real f_k;
     const int i = ks_cell(ks_k_coordinate(g, k), g.nk, &f_k);
-    if (method == 0) {
-        const ks_real k_low = k_nodes[i], k_high = k_nodes[i + 1];
-        const ks_real w_k = (ks_clip(k, g.k_min, g.k_max) - k_low) / (k_high - k_low);
-        st.count = 2;
-        st.index[0] = i; st.index[1] = i + 1; st.index[2] = i; st.index[3] = i;
-        st.weight[0] = (ks_real)1.0 - w_k; st.weight[1] = w_k; st.weight[2] = (ks_real)0; st.weight[3] = (ks_real)0;
-    } else if (method == 1) {
-        st.count = 4;
-        ks_catrom_weights(f_k, st.weight);
-        #pragma unroll
-        for (int d = 0; d < 4; ++d) st.index[d] = min(max(i + d - 1, 0), g.nk - 1);
-    } else {
-        const int length = g.nk < 4 ? g.nk : 4;
-        const int first = min(max(i - 1, 0), g.nk - length);
-        ks_real nodes[4];
-        #pragma unroll
-        for (int d = 0; d < 4; ++d) {
-            st.index[d] = d < length ? first + d : first;
-            nodes[d] = k_nodes[st.index[d]];
-        }
-        ks_lagrange_weights(ks_clip(k, g.k_min, g.k_max), nodes, length, st.weight);
-        st.count = length;
-    }
-    return st;
+    const ks_real clipped = ks_clip(k, g.k_min, g.k_max);
+    const ks_real linear = method == 0 ? (clipped - k_nodes[i]) / (k_nodes[i + 1] - k_nodes[i]) : (ks_real)0;
+    return ks_axis_stencil(i, f_k, g.nk, method, linear, clipped, k_nodes);
 }
 
 // Sum over a stencil of values[index] * weight, from zero in stencil order.

@@ -181,8 +181,8 @@ KS_SOLVE = JobKind(
     run=run_solve,
     example=EXAMPLE,
     dataset_fields=(INITIAL_DISTRIBUTION, ACCURACY_PATH, ACCURACY_DISTRIBUTION),
-    summary="Krusell-Smith (1998) economy solved by the KS algorithm: Euler-equation policy step and "
-    "panel simulation both on the GPU",
+    summary="Krusell-Smith (1998) economy solved by the KS algorithm: Euler-equation or EGM policy step and "
+    "panel simulation on the GPU (or the ALM fitted on a non-stochastic histogram), the JEDC 2010 accuracy test",
 )
 
 KINDS = [KS_SOLVE]

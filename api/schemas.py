@@ -11,10 +11,11 @@ from typing import Annotated, Any, Literal, Union
 from fastapi import Body
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from core.status import JobStatus
+from core.status import JobPriority, JobStatus
 from kernels.registry import JobKind
 from kernels.spec import ResultModel
-from store.models import Dataset, Job
+from store.events import EventType
+from store.models import Dataset, Job, JobEvent
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
@@ -30,6 +31,10 @@ def _model_name(kind_name: str) -> str:
     return "".join(part.capitalize() for part in kind_name.split("_")) + "JobRequest"
 
 
+PRIORITY_DESCRIPTION = ("high runs before normal, normal before low: a queued job of higher priority is claimed "
+                        "first (a job already running is not interrupted)")
+
+
 def job_request_model(kind: JobKind) -> type[BaseModel]:
     # The kind's runnable example is the documented one (dataset fields may hold placeholder ids).
     example = {"kind": kind.name, "params": dict(kind.example.params)}
@@ -43,6 +48,7 @@ def job_request_model(kind: JobKind) -> type[BaseModel]:
         __doc__=kind.summary or f"Create a {kind.name} job.",
         kind=(Literal[kind.name], Field(description=kind.summary or kind.name)),  # type: ignore[valid-type]
         params=(kind.params_model, Field(description=f"Parameters of {kind.name}")),
+        priority=(JobPriority, Field(JobPriority.NORMAL, description=PRIORITY_DESCRIPTION)),
     )
 
 
@@ -99,6 +105,8 @@ class JobOut(BaseModel):
     kind: str
     status: JobStatus
     params: dict[str, Any]
+    priority: JobPriority = Field(description=PRIORITY_DESCRIPTION)
+    group_id: str | None = Field(None, description="the job group (sweep) this job is a member of")
     progress: float = Field(ge=0, le=1)
     eta_seconds: float | None = Field(
         None, description="running jobs: seconds left at the average rate so far, elapsed (1 - progress) / "
@@ -125,6 +133,8 @@ class JobOut(BaseModel):
             kind=job.kind,
             status=JobStatus(job.status),
             params=dict(job.params or {}),
+            priority=_priority(job.priority),
+            group_id=job.group_id,
             progress=float(job.progress or 0.0),
             eta_seconds=eta_seconds(job),
             stage=job.stage,
@@ -144,6 +154,13 @@ class JobOut(BaseModel):
         )
 
 
+def _priority(value: str | None) -> JobPriority:
+    try:
+        return JobPriority(value or JobPriority.NORMAL)
+    except ValueError:
+        return JobPriority.NORMAL
+
+
 def _optional_text(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -157,6 +174,27 @@ class Page(BaseModel):
 
 class JobPage(Page):
     items: list[JobOut]
+
+
+class JobEventOut(BaseModel):
+    """One line of a job's log."""
+
+    id: int = Field(description="increasing in the order the events happened")
+    at: datetime
+    level: Literal["info", "warning", "error"]
+    type: EventType = Field(description="submitted, started, stage, succeeded, failed, cancelled, cancel_requested, "
+                            "requeued, resent, retry or warning")
+    message: str
+    data: dict[str, Any] | None = None
+
+    @classmethod
+    def from_row(cls, event: JobEvent) -> JobEventOut:
+        return cls(id=event.id, at=as_utc(event.at), level=event.level, type=EventType(event.type),  # type: ignore[arg-type]
+                   message=event.message, data=event.data)
+
+
+class JobEventPage(Page):
+    items: list[JobEventOut]
 
 
 class ArtifactOut(BaseModel):
@@ -239,3 +277,68 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     "4XX": {"model": Problem, "description": "Problem details (RFC 9457)"},
     "5XX": {"model": Problem, "description": "Problem details (RFC 9457)"},
 }
+
+
+# -- job groups (sweeps) -------------------------------------------------------------------------------------
+
+class BaseSpec(BaseModel):
+    """The spec every member starts from: a job kind and (some of) its params."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(min_length=1, max_length=64)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class JobGroupRequest(BaseModel):
+    """A sweep: ``base`` plus a ``grid`` (every combination of the listed values) or a list of ``specs``
+    (each merged over ``base``, params key by key). Each member is checked like a single job."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{
+            "name": "CGM size sweep",
+            "base": {"kind": "crve_montecarlo",
+                     "params": {"cluster_size": 10, "n_regressors": 2, "replications": 200, "seed": 1}},
+            "grid": {"params.n_clusters": [10, 20, 40], "params.seed": [1, 2]},
+        }]},
+    )
+
+    name: str | None = Field(None, max_length=200, description="a label of your choosing")
+    base: BaseSpec | None = Field(None, description="required with grid; with specs, optional defaults")
+    grid: dict[str, list[Any]] | None = Field(
+        None, description='dotted params paths to the values each takes, e.g. {"params.n_clusters": [10, 20]}: one '
+        "member per combination (cartesian product, the first path varying slowest)"
+    )
+    specs: list[dict[str, Any]] | None = Field(
+        None, description="one member per item: {kind?, params?} merged over base (a full spec without base)"
+    )
+    priority: JobPriority = Field(JobPriority.LOW, description="the members' priority (default low: a single job "
+                                  "submitted meanwhile runs before them)")
+
+
+class JobGroupLinks(BaseModel):
+    self: str
+    cancel: str
+    results: str
+    jobs: str
+
+
+class JobGroupOut(BaseModel):
+    id: str
+    name: str | None
+    status: JobStatus = Field(description="queued while every member is; running while any is queued or running "
+                              "and some started; then succeeded (all did), failed (any failed) or cancelled")
+    progress: float = Field(ge=0, le=1, description="mean of the members' progress (finished members count 1)")
+    member_count: int
+    counts: dict[str, int] = Field(description="members per status (deleted members are not counted)")
+    priority: JobPriority
+    varying: list[str] = Field(description="the dotted params paths that differ between members")
+    spec: dict[str, Any] = Field(description="the request's base and grid or specs")
+    cancel_requested: bool
+    created_at: datetime
+    links: JobGroupLinks
+
+
+class JobGroupPage(Page):
+    items: list[JobGroupOut]

@@ -15,6 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from core.settings import Settings, get_settings
+from core.status import JobPriority
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -23,13 +24,19 @@ if TYPE_CHECKING:
 RUN_JOB_TASK = "gpuest.run_job"
 # kombu's SQLAlchemy transport polls its table once a second by default: up to a second of queue latency.
 SQLALCHEMY_POLLING_SECONDS = 0.1
+# Celery message priority per job priority. Redis (kombu) keeps one list per step of priority_steps and
+# takes from the smallest step first: 0 is the highest. (kombu's SQLAlchemy transport ignores priorities:
+# the worker orders queued jobs itself, see worker.tasks.execute_job.)
+MESSAGE_PRIORITY = {JobPriority.HIGH: 0, JobPriority.NORMAL: 3, JobPriority.LOW: 6}
+REDIS_PRIORITY_STEPS = [0, 3, 6, 9]
 
 
 def transport_options(settings: Settings) -> dict[str, Any]:
     url = settings.resolved_broker_url()
     if url.startswith(("redis://", "rediss://")):
         # Redis hands an unacknowledged message to another worker only after this many seconds.
-        return {"visibility_timeout": settings.visibility_timeout_seconds}
+        return {"visibility_timeout": settings.visibility_timeout_seconds, "priority_steps": REDIS_PRIORITY_STEPS,
+                "queue_order_strategy": "priority"}
     return {}
 
 
@@ -80,7 +87,6 @@ def get_celery_app() -> Celery:
     return _celery_app
 
 
-
 def broker_connection() -> Connection:
     """A kombu connection built from the current settings alone.
 
@@ -93,12 +99,39 @@ def broker_connection() -> Connection:
     return Connection(settings.resolved_broker_url(), transport_options=transport_options(settings))
 
 
-def send(job_id: str, queue: str | None = None) -> None:
+def send(job_id: str, queue: str | None = None, priority: JobPriority = JobPriority.NORMAL) -> None:
     """Send a job id to a worker queue: the job's own, else the one in the settings."""
+    send_many([job_id], queue, priority)
+
+
+def send_many(job_ids: list[str], queue: str | None = None, priority: JobPriority = JobPriority.NORMAL) -> None:
+    """Send several job ids over one broker connection (a sweep's members), with the Celery priority of
+    ``priority``.
+
+    A process's first send runs alone: it is the first use of much that Celery and kombu set up lazily and
+    not thread-safely (the configuration, the AMQP helpers, the transport module), and the API's first sends
+    come from many threads at once (CI saw 3 of 50 concurrent first submits fail to send with a live broker).
+    """
+    global _first_send_done
+    if _first_send_done:
+        _send_over_one_connection(job_ids, queue, priority)
+        return
+    with _first_send_lock:
+        _send_over_one_connection(job_ids, queue, priority)
+        _first_send_done = True
+
+
+_first_send_done = False
+_first_send_lock = threading.Lock()
+
+
+def _send_over_one_connection(job_ids: list[str], queue: str | None, priority: JobPriority) -> None:
     with broker_connection() as connection:
-        get_celery_app().send_task(
-            RUN_JOB_TASK, args=[job_id], queue=queue or get_settings().queue, connection=connection
-        )
+        for job_id in job_ids:
+            get_celery_app().send_task(
+                RUN_JOB_TASK, args=[job_id], queue=queue or get_settings().queue, connection=connection,
+                priority=MESSAGE_PRIORITY[JobPriority(priority)],
+            )
 
 
 def broker_reachable(timeout: float = 2.0) -> bool:

@@ -75,6 +75,11 @@ class Settings(BaseSettings):
         "(0: no limit)"
     )
     quota_retry_after_seconds: int = Field(30, ge=1, description="Retry-After of a 429 for the running-jobs quota")
+    # issue 16: sweeps
+    max_group_jobs: int = Field(
+        10_000, ge=1, le=100_000, description="Most member jobs one job group (sweep) may create; a larger grid "
+        "or list of specs is answered 422"
+    )
     # issue 16: the first key without exec
     admin_key: SecretStr | None = Field(
         None,  # its form is checked where it is used (a clear one-line error, not a settings traceback)

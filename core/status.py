@@ -23,3 +23,17 @@ class JobStatus(StrEnum):
 TERMINAL_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 # A job in one of these may still read its datasets.
 ACTIVE_STATUSES: frozenset[JobStatus] = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
+
+
+class JobPriority(StrEnum):
+    """A job's place in its queue: ``high`` runs before ``normal``, ``normal`` before ``low`` (a sweep's
+    members default to ``low``, so a single job does not wait behind a sweep)."""
+
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+
+    @property
+    def rank(self) -> int:
+        """Larger runs first."""
+        return {JobPriority.LOW: 0, JobPriority.NORMAL: 1, JobPriority.HIGH: 2}[self]

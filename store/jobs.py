@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, event, func, or_, select, update
+from sqlalchemy import case, delete, event, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from core.status import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
+from core.status import ACTIVE_STATUSES, TERMINAL_STATUSES, JobPriority, JobStatus
 from store.artifacts import delete_job_files
+from store.events import EventLevel, EventType, add_event, delete_events
 from store.models import Job, utcnow
 
 
@@ -28,6 +29,7 @@ def create_job(
     dataset_ids: dict[str, str],
     idempotency_key: str | None = None,
     queue: str | None = None,
+    priority: JobPriority = JobPriority.NORMAL,
 ) -> tuple[Job, bool]:
     """Insert a queued job for ``queue``; with an idempotency key already used by this owner, return that
     job instead. The caller sends its message right after committing, so the row says it was sent now.
@@ -40,7 +42,7 @@ def create_job(
             return existing, False
     job = Job(
         owner=owner, kind=kind, params=params, dataset_ids=dataset_ids, idempotency_key=idempotency_key,
-        queue=queue, enqueued_at=utcnow(),
+        queue=queue, enqueued_at=utcnow(), priority=priority.value,
     )
     session.add(job)
     try:
@@ -52,6 +54,7 @@ def create_job(
         if existing is None:
             raise
         return existing, False
+    add_event(session, job.id, EventType.SUBMITTED, f"submitted ({kind}, priority {priority.value})")
     return job, True
 
 
@@ -73,18 +76,24 @@ def list_jobs(
     owner: str,
     kind: str | None = None,
     status: JobStatus | None = None,
+    group_id: str | None = None,
     limit: int = 50,
     offset: int = 0,
 ) -> tuple[Sequence[Job], int]:
-    """A page of the owner's jobs, newest first, and the total count matching the filters."""
+    """A page of the owner's jobs, newest first (a group's members in group order), and the total count
+    matching the filters."""
     conditions = [Job.owner == owner]
+    if group_id is not None:
+        conditions.append(Job.group_id == group_id)
     if kind is not None:
         conditions.append(Job.kind == kind)
     if status is not None:
         conditions.append(Job.status == status)
     total = session.scalar(select(func.count()).select_from(Job).where(*conditions)) or 0
     page = session.scalars(
-        select(Job).where(*conditions).order_by(Job.created_at.desc(), Job.id).limit(limit).offset(offset)
+        select(Job).where(*conditions)
+        .order_by(*((Job.group_index,) if group_id is not None else (Job.created_at.desc(), Job.id)))
+        .limit(limit).offset(offset)
     ).all()
     return page, total
 
@@ -113,7 +122,12 @@ def claim(session: Session, job_id: str, *, worker: str, device: str, now: datet
         )
         .execution_options(synchronize_session=False)
     )
-    return result.rowcount == 1
+    if result.rowcount != 1:
+        return False
+    attempt = session.scalar(select(Job.attempts).where(Job.id == job_id))
+    add_event(session, job_id, EventType.STARTED, f"started on {device} (attempt {attempt})",
+              data={"worker": worker, "device": device, "attempt": attempt})
+    return True
 
 
 def record_progress(session: Session, job_id: str, *, worker: str, progress: float, stage: str | None) -> bool:
@@ -168,7 +182,20 @@ def finish(
         .values(**values)
         .execution_options(synchronize_session=False)
     ).rowcount
+    if updated == 1:
+        _finish_event(session, job_id, status, error)
     return updated == 1
+
+
+def _finish_event(session: Session, job_id: str, status: JobStatus | str, error: dict[str, Any] | None) -> None:
+    status = JobStatus(status)
+    if status == JobStatus.FAILED:
+        error = error or {}
+        add_event(session, job_id, EventType.FAILED,
+                  f"failed: {error.get('code') or error.get('type', 'error')}: {error.get('message', '')}",
+                  level=EventLevel.ERROR, data={key: error[key] for key in ("code", "type") if key in error})
+    else:
+        add_event(session, job_id, EventType(status.value), str(status.value))
 
 
 def finished_by(session: Session, job_id: str, *, worker: str, status: JobStatus) -> bool:
@@ -187,18 +214,21 @@ def is_settled(session: Session, job_id: str) -> bool:
 def request_cancel(session: Session, job_id: str, owner: str) -> Job | None:
     """Cancel a queued job at once; flag a running one for its next checkpoint; leave finished ones."""
     now = utcnow()
-    session.execute(
+    if session.execute(
         update(Job)
         .where(Job.id == job_id, Job.owner == owner, Job.status == JobStatus.QUEUED)
         .values(status=JobStatus.CANCELLED, cancel_requested=True, finished_at=now, stage="cancelled before start")
         .execution_options(synchronize_session=False)
-    )
-    session.execute(
+    ).rowcount:
+        add_event(session, job_id, EventType.CANCELLED, "cancelled before start")
+    if session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.owner == owner, Job.status == JobStatus.RUNNING)
+        .where(Job.id == job_id, Job.owner == owner, Job.status == JobStatus.RUNNING,
+               Job.cancel_requested.is_(False))
         .values(cancel_requested=True)
         .execution_options(synchronize_session=False)
-    )
+    ).rowcount:
+        add_event(session, job_id, EventType.CANCEL_REQUESTED, "cancel requested: the job stops at its next checkpoint")
     session.expire_all()
     return get_job(session, job_id, owner)
 
@@ -236,7 +266,16 @@ def requeue_or_fail_stale(session: Session, job: Job, *, max_attempts: int,
     updated = session.execute(
         update(Job).where(*conditions).values(status=new_status, **values).execution_options(synchronize_session=False)
     ).rowcount
-    return new_status if updated == 1 else None
+    if updated != 1:
+        return None
+    if new_status == JobStatus.FAILED:
+        _finish_event(session, job.id, new_status, values["error"])
+    elif new_status == JobStatus.CANCELLED:
+        add_event(session, job.id, EventType.CANCELLED, "cancelled (its worker was lost)")
+    else:
+        add_event(session, job.id, EventType.REQUEUED, f"requeued: the worker running attempt {job.attempts} stopped "
+                  "responding", level=EventLevel.WARNING, data={"attempt": job.attempts, "worker": job.worker})
+    return new_status
 
 
 def release(session: Session, job_id: str, *, worker: str, stage: str) -> bool:
@@ -255,6 +294,8 @@ def release(session: Session, job_id: str, *, worker: str, stage: str) -> bool:
         )
         .execution_options(synchronize_session=False)
     ).rowcount
+    if updated == 1:
+        add_event(session, job_id, EventType.REQUEUED, stage[:200], level=EventLevel.WARNING, data={"worker": worker})
     return updated == 1
 
 
@@ -288,6 +329,8 @@ def mark_resent(session: Session, job_id: str, *, queue: str, not_sent_for: time
         .values(enqueued_at=utcnow(), queue=queue)
         .execution_options(synchronize_session=False)
     ).rowcount
+    if updated == 1:
+        add_event(session, job_id, EventType.RESENT, "its queue message was lost; sent again", level=EventLevel.WARNING)
     return updated == 1
 
 
@@ -321,11 +364,8 @@ class JobNotFinishedError(ValueError):
         self.status = job.status
 
 
-def _delete_rows(session: Session, job_ids: Sequence[str]) -> None:
-    """Delete the rows; their files go once the deletion is committed (a failed commit keeps both)."""
-    session.execute(delete(Job).where(Job.id.in_(list(job_ids))).execution_options(synchronize_session=False))
-    session.flush()
-
+def _delete_files_after_commit(session: Session, job_ids: Sequence[str]) -> None:
+    """The deleted jobs' files go once the deletion is committed (a failed commit keeps rows and files)."""
     def remove_files(_session: Session) -> None:
         for job_id in job_ids:
             delete_job_files(job_id)
@@ -348,7 +388,8 @@ def delete_finished_job(session: Session, job_id: str, owner: str) -> bool:
     ).rowcount
     if not deleted:
         raise JobNotFinishedError(job)
-    event.listen(session, "after_commit", lambda _session: delete_job_files(job_id), once=True)
+    delete_events(session, [job_id])
+    _delete_files_after_commit(session, [job_id])
     return True
 
 
@@ -370,7 +411,9 @@ def expire_finished_jobs(session: Session, *, default_days: float, days_by_owner
         ).all()
         expired += [job_id for (job_id,) in rows]
     if expired:
-        _delete_rows(session, expired)
+        delete_events(session, expired)
+        session.execute(delete(Job).where(Job.id.in_(expired)).execution_options(synchronize_session=False))
+        _delete_files_after_commit(session, expired)
     return expired
 
 
@@ -379,3 +422,32 @@ def count_active(session: Session, owner: str) -> int:
     return session.scalar(
         select(func.count()).select_from(Job).where(Job.owner == owner, Job.status.in_(ACTIVE_STATUSES))
     ) or 0
+
+
+def _priority_rank() -> Any:
+    return case({priority.value: priority.rank for priority in JobPriority}, value=Job.priority, else_=1)
+
+
+def queued_job_before(session: Session, job_id: str, *, queue: str) -> str | None:
+    """The queued job of ``queue`` that should run before ``job_id``: the oldest of the highest priority above
+    ``job_id``'s, or None. The broker's order is only a hint (kombu's SQLAlchemy transport has no priorities;
+    Redis's are approximate); a worker handed ``job_id`` runs this one instead (see worker.tasks)."""
+    mine = session.scalar(select(Job.priority).where(Job.id == job_id))
+    if mine is None:
+        return None
+    above = [priority.value for priority in JobPriority if priority.rank > JobPriority(mine).rank]
+    if not above:
+        return None
+    return session.scalar(
+        select(Job.id)
+        .where(Job.status == JobStatus.QUEUED, _on_queue(queue), Job.priority.in_(above),
+               Job.cancel_requested.is_(False))
+        .order_by(_priority_rank().desc(), Job.created_at, Job.id)
+        .limit(1)
+    )
+
+
+def priority_of(session: Session, job_id: str) -> JobPriority:
+    """The job's priority (normal for a job that is gone: its message is a no-op anyway)."""
+    value = session.scalar(select(Job.priority).where(Job.id == job_id))
+    return JobPriority(value) if value in JobPriority.__members__.values() else JobPriority.NORMAL

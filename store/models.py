@@ -6,7 +6,19 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from core.status import JobStatus
@@ -83,3 +95,53 @@ class Job(Base):
     timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     artifacts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # issue 16: a sweep's member knows its group, its place in it and the grid values that made it; every job
+    # has a priority (low, normal, high) that orders the queue.
+    group_id: Mapped[str | None] = mapped_column(
+        String(36), ForeignKey("job_groups.id", ondelete="SET NULL", name="fk_jobs_group_id_job_groups"), nullable=True,
+        index=True,
+    )
+    group_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    group_values: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    priority: Mapped[str] = mapped_column(String(8), default="normal", server_default="normal")
+
+
+class JobGroup(Base):
+    """A sweep (issue 16): one submission that made many member jobs (``Job.group_id``), from a base spec and
+    a parameter grid or a list of specs. Status and progress are aggregated from the members when read."""
+
+    __tablename__ = "job_groups"
+    __table_args__ = (
+        UniqueConstraint("owner", "idempotency_key", name="uq_job_groups_owner_idempotency_key"),
+        Index("ix_job_groups_owner_created", "owner", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    owner: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    # The request as validated: {"base": ..., "grid": ...} or {"base": ..., "specs": [...]}
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # The dotted parameter paths that vary between members (the grid's keys, or every path a spec sets)
+    varying: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    member_count: Mapped[int] = mapped_column(Integer)
+    priority: Mapped[str] = mapped_column(String(8), default="low")
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class JobEvent(Base):
+    """One line of a job's log (issue 16): its status changes, stages, retries, re-queues and warnings, as
+    the API and the worker wrote them; served at ``GET /v1/jobs/{id}/events``."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
+
+    # Integer, not BigInteger: SQLite assigns increasing ids only to an INTEGER PRIMARY KEY.
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    level: Mapped[str] = mapped_column(String(16))
+    type: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(String(1000))
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

@@ -13,6 +13,7 @@ from kernels.progress import JobCancelled
 from store import jobs as job_store
 from store.artifacts import save_artifact
 from store.db import session_scope
+from store.events import EventType, add_event
 from worker.infra import InfrastructureUnavailable, describe, retry_infrastructure
 
 log = structlog.get_logger("gpuest.worker")
@@ -22,6 +23,9 @@ log = structlog.get_logger("gpuest.worker")
 PROGRESS_RETRY_SECONDS = 1.0
 PROGRESS_PAUSE_SECONDS = 1.0
 PROGRESS_PAUSE_MAX_SECONDS = 30.0
+# A job's log keeps its first stage changes only: a kernel that names every iteration a stage must not
+# write thousands of lines.
+MAX_STAGE_EVENTS = 200
 
 
 class WorkerStopping(Exception):
@@ -46,6 +50,8 @@ class JobProgress:
         self._last_write = 0.0
         self._quiet_until = 0.0  # no progress writes before this (monotonic) time: the database is away
         self._failures = 0  # progress writes given up in a row
+        self._logged_stage: str | None = None  # the last stage written to the job's events
+        self._stage_events = 0
 
     def __call__(self, fraction: float, stage: str | None = None) -> None:
         if fraction >= 1.0:
@@ -78,7 +84,14 @@ class JobProgress:
 
     def _write(self, fraction: float, stage: str | None) -> bool:
         with session_scope() as session:
-            return job_store.record_progress(session, self.job_id, worker=self.worker, progress=fraction, stage=stage)
+            stop = job_store.record_progress(session, self.job_id, worker=self.worker, progress=fraction, stage=stage)
+            log_stage = stage is not None and stage != self._logged_stage and self._stage_events < MAX_STAGE_EVENTS
+            if log_stage and not stop:
+                add_event(session, self.job_id, EventType.STAGE, str(stage)[:200],
+                          data={"progress": round(fraction, 4)})
+        if log_stage and not stop:  # only once committed: a retried write logs its stage once
+            self._logged_stage, self._stage_events = stage, self._stage_events + 1
+        return stop
 
     def save_artifact(self, name: str, value: Any) -> None:
         self.artifacts[name] = save_artifact(self.job_id, name, value)

@@ -33,7 +33,7 @@ import core.queue
 from core.logging import configure_worker_logging
 from core.queue import RUN_JOB_TASK, send
 from core.settings import get_settings
-from core.status import JobStatus
+from core.status import JobPriority, JobStatus
 from kernels import backend, cuda
 from kernels.backend import GPUUnavailableError, device_label
 from kernels.context import DatasetLoader, RunContext, namespace_for, run_kind
@@ -186,9 +186,11 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
     if worker_stopping.is_set():
         pass_on(job_id)
         return None
+    message_job_id = job_id
     try:
-        claimed = retry_infrastructure(lambda: _claim(job_id, worker), what="claim",
-                                       budget_seconds=settings.worker_retry_seconds, job_id=job_id)
+        job_id, claimed = retry_infrastructure(lambda: _claim_in_priority_order(message_job_id, worker),
+                                               what="claim", budget_seconds=settings.worker_retry_seconds,
+                                               job_id=message_job_id)
     except InfrastructureUnavailable:
         return None  # not claimed: the job is still queued, and the reaper sends its message again
     if claimed is None:
@@ -211,6 +213,24 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
     # Worker-side seconds only: the kernel's per-stage timings are in the result (result["timings"]).
     timings = {"queue_wait": claimed.queue_wait, "run": run_seconds}
     return _store_outcome(job_id, worker, dataclasses.replace(outcome, timings=timings, artifacts=progress.artifacts))
+
+
+def _claim_in_priority_order(job_id: str, worker: str) -> tuple[str, ClaimedJob | None]:
+    """Claim the job the message names, unless a queued job of higher priority waits on its queue: then
+    claim that one and send the message on (its job keeps its place and runs later). The database, not the
+    broker, orders the queue: kombu's SQLAlchemy transport has no priorities, and Redis's priority lists
+    hold messages already fetched by other workers. Returns the id of the job claimed (or tried)."""
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        before = None
+        if job is not None and job.status == JobStatus.QUEUED:
+            before = job_store.queued_job_before(session, job_id, queue=job.queue or get_settings().queue)
+    if before is not None:
+        claimed = _claim(before, worker)
+        if claimed is not None:
+            pass_on(job_id, reason="a job of higher priority runs first")
+            return before, claimed
+    return job_id, _claim(job_id, worker)
 
 
 def _claim(job_id: str, worker: str) -> ClaimedJob | None:
@@ -386,30 +406,32 @@ def hand_back(job_id: str, worker: str, queue: str | None, stage: str = REQUEUED
     reaper."""
     with session_scope() as session:
         released = job_store.release(session, job_id, worker=worker, stage=stage)
+        priority = job_store.priority_of(session, job_id)
     if not released:
         return False
     try:
-        send(job_id, queue=queue)
+        send(job_id, queue=queue, priority=priority)
     except Exception:  # the row says it is queued and when it was sent: a reaper pass re-sends it later
         log.error("could not re-send a released job", job_id=job_id, traceback=traceback.format_exc())
     return True
 
 
-def pass_on(job_id: str) -> None:
-    """A stopping worker can still be handed a message (often the one its own hand-back just sent): send
-    it on to the job's queue unclaimed, for the next worker, instead of claiming and releasing the job."""
+def pass_on(job_id: str, reason: str = "worker stopping") -> None:
+    """Send a queued job's message on, unclaimed, for the next worker: a stopping worker can still be handed
+    a message (often the one its own hand-back just sent), and a worker that ran a job of higher priority
+    instead of the message's job passes the message on."""
     with session_scope() as session:
         job = session.get(Job, job_id)
         if job is None or job.status != JobStatus.QUEUED:
             return  # nothing to run here: a claim would have failed too
-        queue = job.queue
+        queue, priority = job.queue, job_store.priority_of(session, job_id)
         job_store.mark_enqueued(session, job_id)
     try:
-        send(job_id, queue=queue)
+        send(job_id, queue=queue, priority=priority)
     except Exception as exc:  # the row says it was just sent: a reaper pass sends it again later
         log.error("could not pass a job's message on", job_id=job_id, error=describe(exc))
         return
-    log.info("worker stopping: passed a job's message on unclaimed", job_id=job_id)
+    log.info("passed a job's message on unclaimed", job_id=job_id, reason=reason)
 
 
 def reap_once() -> dict[str, int]:
@@ -426,19 +448,19 @@ def reap_once() -> dict[str, int]:
     counts = {"requeued": 0, "failed": 0, "cancelled": 0, "resent": 0}
     with session_scope() as session:
         outcomes = [
-            (job.id, job.queue, job_store.requeue_or_fail_stale(
+            (job.id, job.queue, job.priority, job_store.requeue_or_fail_stale(
                 session, job, max_attempts=settings.max_attempts,
                 # a computed outcome kept on disk is never thrown away for the attempts spent storing it
                 outcome_kept=load_pending_outcome(job.id) is not None))
             for job in job_store.stale_running_jobs(session, stale_after=stale_after)
         ]
-    for job_id, queue, outcome in outcomes:
+    for job_id, queue, priority, outcome in outcomes:
         if outcome is None:
             continue
         counts["requeued" if outcome == JobStatus.QUEUED else outcome.value] += 1
         log.warning("reaped job of a lost worker", job_id=job_id, outcome=outcome)
-        if outcome == JobStatus.QUEUED:
-            _send_or_leave(job_id, queue or settings.queue)
+        if outcome == JobStatus.QUEUED:  # the re-send keeps the job's priority
+            _send_or_leave(job_id, queue or settings.queue, _as_priority(priority))
     # Idle for a whole reaper interval, not just between two jobs of a backlog: a waiting message would
     # have been taken by now, so the queued jobs' messages are the lost ones.
     if _activity.idle_for() >= settings.reaper_interval_seconds:
@@ -462,17 +484,25 @@ def _resend_lost_messages(queue: str, not_sent_for: timedelta) -> int:
             # Conditional: of several idle workers on this queue, one re-sends.
             if not job_store.mark_resent(session, job_id, queue=queue, not_sent_for=not_sent_for):
                 continue
-        if _send_or_leave(job_id, queue):
+            priority = job_store.priority_of(session, job_id)
+        if _send_or_leave(job_id, queue, priority):
             log.info("re-sent the message of a queued job", job_id=job_id, queue=queue)
             resent += 1
     return resent
 
 
-def _send_or_leave(job_id: str, queue: str) -> bool:
+def _as_priority(value: str | None) -> JobPriority:
+    try:
+        return JobPriority(value or JobPriority.NORMAL)
+    except ValueError:
+        return JobPriority.NORMAL
+
+
+def _send_or_leave(job_id: str, queue: str, priority: JobPriority = JobPriority.NORMAL) -> bool:
     """Send a queued job's message; on a broker error, log it: the row says it was sent now, so a later
     reaper pass sends it again once it is older than the stale limit."""
     try:
-        send(job_id, queue=queue)
+        send(job_id, queue=queue, priority=priority)
     except Exception as exc:
         log.error("could not send a job's message; a later reaper pass re-sends it", job_id=job_id,
                   error=describe(exc))

@@ -5,8 +5,6 @@ kind's request model, the result the union of every kind's result model (documen
 sends the stored JSON).
 """
 
-import math
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,16 +17,24 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import JobIdPath, OwnerDep, SessionDep, SettingsDep
+from api.job_checks import check_active_jobs_quota, check_dataset_columns, check_datasets, check_finite
 from api.pagination import LimitQuery, OffsetQuery, next_page
 from api.problems import ProblemError, field_error
-from api.schemas import ArtifactOut, JobOut, JobPage, job_request_union, job_result_union
+from api.schemas import (
+    ArtifactOut,
+    JobEventOut,
+    JobEventPage,
+    JobOut,
+    JobPage,
+    job_request_union,
+    job_result_union,
+)
 from core.queue import send
-from core.status import JobStatus
+from core.status import JobPriority, JobStatus
 from kernels.registry import get_kind, registry, result_models
-from kernels.spec import JobParams
+from store import events as event_store
 from store import jobs as job_store
 from store.artifacts import ARTIFACT_NAME_CHARS, job_artifact_dir
-from store.datasets import get_dataset
 from store.db import session_scope, storable_text
 from store.models import Job
 
@@ -78,92 +84,11 @@ def job_out(job_id: str, owner: str) -> JobOut:
         return JobOut.from_row(find_owned_job(session, job_id, owner))
 
 
-def check_datasets(session: Session, owner: str, dataset_ids: Mapping[str, str]) -> None:
-    """Every dataset a job names must exist and belong to the caller (another owner's id reads as missing)."""
-    errors = [
-        field_error(f"params.{field}", f"no dataset with id {dataset_id!r}", type_="dataset_not_found")
-        for field, dataset_id in dataset_ids.items()
-        # An id PostgreSQL cannot even compare (a NUL character) names no dataset either.
-        if not storable_text(dataset_id) or get_dataset(session, dataset_id, owner) is None
-    ]
-    if errors:
-        raise ProblemError(
-            422, "; ".join(f"{error['field']}: {error['message']}" for error in errors),
-            slug="validation-error", title="Invalid request", errors=errors,
-        )
-
-
-def check_dataset_columns(session: Session, owner: str, params: JobParams, dataset_ids: Mapping[str, str]) -> None:
-    """The columns the params name (``JobParams.dataset_column_problems``, e.g. crve_bootstrap's formula and
-    cluster columns) are checked against the stored schema of the (already verified) datasets."""
-    if not dataset_ids:
-        return
-    columns = {}
-    for field, dataset_id in dataset_ids.items():
-        dataset = get_dataset(session, dataset_id, owner)
-        if dataset is not None:
-            columns[field] = [str(column.get("name")) for column in dataset.columns or [] if isinstance(column, dict)]
-    errors = [
-        field_error(f"params.{field}", message, type_="dataset_column")
-        for field, message in params.dataset_column_problems(columns)
-    ]
-    if errors:
-        raise ProblemError(
-            422, "; ".join(f"{error['field']}: {error['message']}" for error in errors),
-            slug="validation-error", title="Invalid request", errors=errors,
-        )
-
-
-def non_finite_fields(value: Any, path: str) -> Iterator[str]:
-    """Dotted paths of every NaN or infinite float inside validated params. ``JobParams`` refuses them
-    itself; this also covers a kind whose nested sections use a config of their own."""
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            yield path
-    elif isinstance(value, BaseModel):
-        for name in type(value).model_fields:
-            yield from non_finite_fields(getattr(value, name), f"{path}.{name}")
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            yield from non_finite_fields(item, f"{path}.{key}")
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            yield from non_finite_fields(item, f"{path}.{index}")
-
-
-def check_finite(params: BaseModel) -> None:
-    errors = [
-        field_error(field, "Input should be a finite number", type_="finite_number")
-        for field in non_finite_fields(params, "params")
-    ]
-    if errors:
-        raise ProblemError(
-            422, "; ".join(f"{error['field']}: {error['message']}" for error in errors),
-            slug="validation-error", title="Invalid request", errors=errors,
-        )
-
-
-def check_active_jobs_quota(session: Session, owner: str, settings: Any, idempotency_key: str | None) -> None:
-    """429 with Retry-After when the owner already has max_active_jobs_per_owner queued or running jobs (a
-    retried POST of a job that exists is a replay, not a new job: never refused)."""
-    limit = settings.max_active_jobs_per_owner
-    if not limit or (idempotency_key and job_store.find_by_idempotency_key(session, owner, idempotency_key)):
-        return
-    active = job_store.count_active(session, owner)
-    if active >= limit:
-        raise ProblemError(
-            429, f"{active} of your jobs are queued or running, the most this service allows at once ({limit}); "
-            "submit again when one has finished, or cancel one", slug="too-many-active-jobs",
-            headers={"Retry-After": str(settings.quota_retry_after_seconds)},
-            extensions={"limit": limit, "active": active},
-        )
-
-
 def ring_worker_queue(job: Job) -> None:
     # The database is the truth and the broker a doorbell: if it is down the job stays queued and the
     # worker's reaper re-sends it (its row says when the send was tried), so the client still gets its 202.
     try:
-        send(job.id, queue=job.queue)
+        send(job.id, queue=job.queue, priority=JobPriority(job.priority))
     except Exception:
         log.exception("could not enqueue job; it stays queued for the reaper to re-send", job_id=job.id)
 
@@ -204,7 +129,7 @@ def create_job(
     check_active_jobs_quota(session, owner, settings, idempotency_key)
     job, created = job_store.create_job(
         session, owner=owner, kind=kind.name, params=stored_params, dataset_ids=dataset_ids,
-        idempotency_key=idempotency_key, queue=settings.queue,
+        idempotency_key=idempotency_key, queue=settings.queue, priority=body.priority,
     )
     if not created and (job.kind != kind.name or job.params != stored_params):
         raise idempotency_key_reused()
@@ -230,11 +155,13 @@ def list_jobs(
     session: SessionDep,
     kind: Annotated[str | None, Query(max_length=64, description="only this job kind")] = None,
     status: Annotated[JobStatus | None, Query(description="only this status")] = None,
+    group_id: Annotated[str | None, Query(max_length=36, description="only the members of this job group")] = None,
     limit: LimitQuery = 50,
     offset: OffsetQuery = 0,
 ) -> JobPage:
     """The caller's jobs, newest first."""
-    rows, total = job_store.list_jobs(session, owner=owner, kind=kind, status=status, limit=limit, offset=offset)
+    rows, total = job_store.list_jobs(session, owner=owner, kind=kind, status=status, group_id=group_id,
+                                      limit=limit, offset=offset)
     return JobPage(
         items=[JobOut.from_row(job) for job in rows], total=total, limit=limit, offset=offset,
         next=next_page(request, limit=limit, offset=offset, returned=len(rows), total=total),
@@ -313,6 +240,19 @@ def get_result(job: OwnedJobDep) -> JSONResponse:
     # The stored JSON as it is: the union above documents it, but validating against it could pick another
     # kind's model and drop fields.
     return JSONResponse(dict(job.result or {}))
+
+
+@router.get("/{job_id}/events", response_model=JobEventPage, responses=NOT_FOUND_RESPONSES, summary="A job's log")
+def list_events(
+    request: Request, job: OwnedJobDep, session: SessionDep, limit: LimitQuery = 50, offset: OffsetQuery = 0,
+) -> JobEventPage:
+    """What happened to the job, oldest first: submitted, started (device, attempt), its stages, re-queues
+    after a lost worker or a stopping one, lost messages sent again, cancel requests and how it ended."""
+    rows, total = event_store.list_events(session, job.id, limit=limit, offset=offset)
+    return JobEventPage(
+        items=[JobEventOut.from_row(event) for event in rows], total=total, limit=limit, offset=offset,
+        next=next_page(request, limit=limit, offset=offset, returned=len(rows), total=total),
+    )
 
 
 @router.get(

@@ -17,7 +17,12 @@ def broker_message_count(env: dict[str, str]) -> int:
     if url.startswith("redis"):
         import redis
 
-        return int(redis.Redis.from_url(url).llen(env["GPUEST_QUEUE"]))
+        # kombu keeps one list per priority step: the queue's name, then "<queue>\x06\x16<step>" (core.queue)
+        from core.queue import REDIS_PRIORITY_STEPS
+
+        client = redis.Redis.from_url(url)
+        queue = env["GPUEST_QUEUE"]
+        return sum(int(client.llen(f"{queue}\x06\x16{step}" if step else queue)) for step in REDIS_PRIORITY_STEPS)
     path = url.removeprefix("sqla+sqlite:///")
     with sqlite3.connect(path) as connection:
         tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}

@@ -43,7 +43,7 @@ def _empty_tables(database_url: str) -> None:
     from sqlalchemy import text
 
     with db.engine_for(database_url).begin() as connection:
-        connection.execute(text("TRUNCATE jobs, datasets, api_keys"))
+        connection.execute(text("TRUNCATE job_events, jobs, job_groups, datasets, api_keys"))
 
 
 @pytest.fixture(params=BACKENDS)

@@ -93,7 +93,8 @@ BAD_SPECS = [
     pytest.param(montecarlo_spec(replications=10**12), "params.replications", "less_than_equal",
                  {"le": 10_000_000}, id="absurd-size"),
     pytest.param(montecarlo_spec(bogus=1), "params.bogus", "extra_forbidden", None, id="extra-param"),
-    pytest.param({**montecarlo_spec(), "priority": 9}, "priority", "extra_forbidden", None, id="extra-top-level"),
+    pytest.param({**montecarlo_spec(), "urgency": 9}, "urgency", "extra_forbidden", None, id="extra-top-level"),
+    pytest.param({**montecarlo_spec(), "priority": "urgent"}, "priority", "enum", None, id="bad-priority"),
     pytest.param(montecarlo_spec(critical_values="z"), "params.critical_values", "literal_error", None,
                  id="bad-choice"),
 ]

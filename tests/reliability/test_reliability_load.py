@@ -105,7 +105,8 @@ def test_fifty_concurrent_submits_and_200_polls_a_second(stack: ServiceStack) ->
     runs = stack.finished_runs(job_ids)
     # The broker was up throughout: every job's message must have gone out when it was submitted, none may
     # have needed the reaper (which only hides a failed send behind a delay of the stale limit).
-    failed_sends = stack.api.log_tail(10**8).count("could not enqueue job")
+    api_log = stack.api.log_tail(10**8)
+    failed_sends = api_log.count("could not enqueue job")
     resent = stack.worker_logs().count("re-sent the message of a queued job")
     once = [job_id for job_id in job_ids if states[job_id]["status"] == "succeeded" and runs[job_id] == 1]
     figures.record(
@@ -128,4 +129,7 @@ def test_fifty_concurrent_submits_and_200_polls_a_second(stack: ServiceStack) ->
     assert len(once) == CONCURRENT_SUBMITS, {
         job_id: (states[job_id]["status"], runs[job_id]) for job_id in job_ids if job_id not in once
     }
-    assert (failed_sends, resent) == (0, 0), "a submitted job's message did not reach a live broker (api.log)"
+    first_failure = api_log[api_log.find("could not enqueue job"):][:3000] if failed_sends else ""
+    assert (failed_sends, resent) == (0, 0), (
+        f"a submitted job's message did not reach a live broker; api.log from the first failure:\n{first_failure}"
+    )

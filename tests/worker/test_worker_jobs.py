@@ -9,6 +9,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import pytest
 from sqlalchemy import update
 
@@ -128,12 +129,14 @@ def test_reaper_requeues_a_silent_job_then_fails_it_when_attempts_are_spent(stac
 def test_the_reaper_deletes_finished_jobs_past_the_retention(stack_env: dict[str, str],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from core.settings import get_settings
-    from store.artifacts import job_artifact_dir
+    from store.artifacts import job_artifact_dir, save_artifact
 
     old, recent = submit(SMALL), submit(SMALL)
     assert execute_job(old, worker="w") == "succeeded" and execute_job(recent, worker="w") == "succeeded"
+    save_artifact(old, "extra", np.arange(3.0))  # a file that must go with the job
     _set_times(old, finished_at=utcnow() - timedelta(days=8))
     assert "expired" not in reap_once()  # retention off (the default): nothing is deleted
+    assert job_artifact_dir(old).is_dir()
     monkeypatch.setenv("GPUEST_RETENTION_DAYS", "7")
     get_settings.cache_clear()
     try:

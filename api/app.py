@@ -9,13 +9,14 @@ from typing import Any
 
 import structlog
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from api.body_limit import MAX_JSON_BODY_BYTES, BodyLimitMiddleware
 from api.deps import OwnerCache
 from api.metrics import RequestMiddleware, build_registry
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers, route_methods
-from api.routes import datasets, health, jobs
+from api.routes import datasets, groups, health, jobs, pages, plots
 from api.schemas import PROBLEM_RESPONSES
 from api.text_guard import StorableTextGuard
 from core.logging import configure_logging
@@ -67,6 +68,7 @@ def create_app() -> FastAPI:
         description=DESCRIPTION,
         lifespan=lifespan,
         responses=PROBLEM_RESPONSES,
+        docs_url=None,  # /docs is the pages router's: Swagger UI from the package, not a CDN
     )
     app.state.owner_cache = OwnerCache()
     metrics_registry, public_metrics_registry, http_metrics = build_registry(sorted(kinds))
@@ -76,11 +78,18 @@ def create_app() -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(datasets.router)
+    app.include_router(groups.router)
+    app.include_router(plots.router)
+    app.include_router(pages.router)
+    app.mount("/static/swagger", StaticFiles(directory=pages.swagger_dir()), name="swagger")
+    app.mount("/static", StaticFiles(directory=pages.STATIC_DIR), name="static")
     app.state.route_methods = route_methods(
-        [*app.router.routes, *health.router.routes, *jobs.router.routes, *datasets.router.routes]
+        [*app.router.routes, *health.router.routes, *jobs.router.routes, *datasets.router.routes,
+         *plots.router.routes, *pages.router.routes, *groups.router.routes]
     )
     # Uploads stream under their own limit (api.uploads); every other body is a small JSON document.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_JSON_BODY_BYTES, exempt_prefixes=(datasets.router.prefix,))
+    app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_JSON_BODY_BYTES,
+                       exempt_prefixes=(datasets.router.prefix, pages.UPLOAD_PATH))
     app.add_middleware(StorableTextGuard)
     app.add_middleware(RequestMiddleware, metrics=http_metrics)
     _document_problems_as_problem_json(app)

@@ -201,6 +201,43 @@ class GpuestClient:
         partial.replace(destination)
         return destination
 
+    def plots(self, job_id: str) -> list[dict[str, Any]]:
+        """The plots a succeeded job offers: name, title, href."""
+        return cast(list[dict[str, Any]], self._json("GET", f"/v1/jobs/{job_id}/plots"))
+
+    def download_plot(self, job_id: str, name: str, destination: Path, fmt: str = "svg") -> Path:
+        """Write one plot (``svg`` or ``png``) to ``destination`` (a side file, then renamed)."""
+        response = self._http.get(f"/v1/jobs/{job_id}/plots/{name}", params={"format": fmt})
+        if response.is_error:
+            raise ApiError.from_response(response)
+        partial = destination.with_name(destination.name + ".part")
+        partial.write_bytes(response.content)
+        partial.replace(destination)
+        return destination
+
+    # -- job groups (sweeps) -------------------------------------------------------------------------
+
+    def submit_group(self, body: Mapping[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        """Create a job group (202) from ``{base, grid}`` or ``{base?, specs}`` (see POST /v1/job-groups)."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return cast(dict[str, Any], self._json("POST", "/v1/job-groups", json=dict(body), headers=headers))
+
+    def get_group(self, group_id: str) -> dict[str, Any]:
+        return cast(dict[str, Any], self._json("GET", f"/v1/job-groups/{group_id}"))
+
+    def cancel_group(self, group_id: str) -> dict[str, Any]:
+        return cast(dict[str, Any], self._json("POST", f"/v1/job-groups/{group_id}/cancel"))
+
+    def group_results(self, group_id: str, *, fields: str | None = None, fmt: str = "csv") -> bytes:
+        """The group's results table (one row per member) as CSV or Parquet bytes."""
+        query = {"format": fmt, **({"fields": fields} if fields else {})}
+        return self._request("GET", f"/v1/job-groups/{group_id}/results", params=query).content
+
+    def job_events(self, job_id: str, *, limit: int = 200, offset: int = 0) -> dict[str, Any]:
+        """One page of the job's log (oldest first)."""
+        return cast(dict[str, Any], self._json("GET", f"/v1/jobs/{job_id}/events",
+                                               params={"limit": limit, "offset": offset}))
+
     def wait(
         self,
         job_id: str,

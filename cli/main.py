@@ -178,6 +178,76 @@ def submit(
             report_final(follow(client, job, poll_interval))
 
 
+def load_group_spec(path: Path) -> dict[str, Any]:
+    """A sweep file: the body of POST /v1/job-groups (``base`` and ``grid``, or ``specs``), JSON or YAML."""
+    try:
+        text = path.read_text()
+        spec = json.loads(text) if path.suffix.lower() == ".json" else yaml.load(text, Loader=_Yaml12Loader)
+    except (OSError, ValueError, yaml.YAMLError) as error:
+        _bad_spec_file(f"cannot read {path}: {error}")
+    if not isinstance(spec, dict) or not ({"grid", "specs"} & set(spec)):
+        _bad_spec_file(f"{path} must hold an object with 'base' and 'grid', or 'specs'")
+    return spec
+
+
+def group_line(group: dict[str, Any]) -> str:
+    counts = ", ".join(f"{count} {status}" for status, count in (group.get("counts") or {}).items() if count)
+    return f"{group.get('id')}  {group.get('status')}  {float(group.get('progress') or 0.0):.0%}  ({counts})"
+
+
+@app.command()
+def sweep(
+    spec_file: Annotated[Path, typer.Argument(help="JSON or YAML: {base, grid} or {base?, specs}, optional name "
+                                              "and priority (POST /v1/job-groups).")],
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the group until every member has ended.")] = False,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Idempotency-Key header (default: a fresh UUID, safe to retry)")
+    ] = None,
+    poll_interval: Annotated[float, typer.Option(help="Seconds between polls with --wait.")] = 2.0,
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """Submit a sweep (job group); prints its id. With --wait, follows it and exits 0 if every member
+    succeeded, 2 if one failed, 3 if it was cancelled; 1 if the API refused it, 4 if the file cannot be used."""
+    body = load_group_spec(spec_file)
+    with api_client(url, api_key) as client:
+        group = client.submit_group(body, idempotency_key or str(uuid.uuid4()))
+        out.print(group["id"], highlight=False)
+        if not wait:
+            return
+        with Progress(TextColumn("[bold]{task.fields[status]}[/bold]"), BarColumn(), TaskProgressColumn(),
+                      TextColumn("{task.fields[counts]}", markup=False), TimeElapsedColumn(), console=err) as bar:
+            task = bar.add_task("group", total=1.0, status=group["status"], counts="")
+            while group["status"] in (JobStatus.QUEUED, JobStatus.RUNNING):
+                time.sleep(poll_interval)
+                group = client.get_group(group["id"])
+                bar.update(task, completed=float(group["progress"]), status=group["status"],
+                           counts=group_line(group).split("  ", 3)[-1])
+    out.print(group_line(group), highlight=False)
+    if group["status"] != JobStatus.SUCCEEDED:
+        raise typer.Exit(2 if group["status"] == JobStatus.FAILED else 3)
+
+
+@app.command()
+def group(
+    group_id: str,
+    results: Annotated[Path | None, typer.Option("--results", help="Write the results table here (.parquet: "
+                                                 "Parquet, else CSV).")] = None,
+    fields: Annotated[str | None, typer.Option(help="Result fields of the table, comma-separated (dotted paths); "
+                                               "default: every top-level number or text")] = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """Show a job group (status, progress, members per status); with --results, save its results table."""
+    with api_client(url, api_key) as client:
+        if results is None:
+            print_json(client.get_group(group_id))
+            return
+        fmt = "parquet" if results.suffix.lower() == ".parquet" else "csv"
+        results.write_bytes(client.group_results(group_id, fields=fields, fmt=fmt))
+    err.print(f"wrote {results}", markup=False)
+
+
 @app.command()
 def status(job_id: str, url: UrlOption = DEFAULT_URL, api_key: KeyOption = None) -> None:
     """Show a job object (status, progress, stage, device, timings, error)."""
@@ -220,6 +290,34 @@ def artifact(
     """Download one artifact of a job."""
     with api_client(url, api_key) as client:
         path = client.download_artifact(job_id, name, output or Path(name))
+    err.print(f"wrote {path}", markup=False)
+
+
+PLOT_FORMATS = ("svg", "png")
+
+
+@app.command()
+def plot(
+    job_id: str,
+    name: Annotated[str | None, typer.Argument(help="Plot name; leave out to list the job's plots.")] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Destination (default: NAME.svg).")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="svg or png (default: from -o's suffix, else svg).")]
+    = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """Save one plot of a succeeded job as SVG or PNG (drawn by the service), or list its plots."""
+    with api_client(url, api_key) as client:
+        if name is None:
+            for entry in client.plots(job_id):
+                out.print(f"{entry['name']}  {entry['title']}", highlight=False, markup=False)
+            return
+        chosen = fmt or (output.suffix.lstrip(".").lower() if output is not None else "svg")
+        if chosen not in PLOT_FORMATS:
+            err.print(f"error: --format must be svg or png, not {chosen!r} (from the -o suffix or --format)",
+                      markup=False)
+            raise typer.Exit(1)
+        path = client.download_plot(job_id, name, output or Path(f"{name}.{chosen}"), chosen)
     err.print(f"wrote {path}", markup=False)
 
 

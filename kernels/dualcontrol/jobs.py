@@ -290,6 +290,8 @@ def run_solve(params: DualControlParams, ctx: RunContext) -> DualControlResult:
         ctx.save_artifact("grid", {"x": grid.x.nodes(), "mu": grid.mu.nodes(), "sigma": grid.sigma.nodes()})
         if myopic is not None and myopic.solution is not None:
             ctx.save_artifact("myopic_value", to_host(myopic.solution.value))
+            # the companion's policy too, so the dashboard can set the optimal and myopic controls side by side
+            ctx.save_artifact("myopic_policy", to_host(myopic.solution.policy))
     return DualControlResult(
         policy=params.policy,
         tolerance=tolerance,
@@ -307,7 +309,7 @@ def run_solve(params: DualControlParams, ctx: RunContext) -> DualControlResult:
         error_grids=[list(s) for s in shapes[1:] if s in main.reports] if params.error_estimate else [],
         simulation=simulation,
         myopic_iterations=None if myopic is None or myopic.solution is None else myopic.solution.iterations,
-        artifacts=["value", "policy", "grid"] + ([] if myopic is None else ["myopic_value"]),
+        artifacts=["value", "policy", "grid"] + ([] if myopic is None else ["myopic_value", "myopic_policy"]),
     )
 
 

@@ -25,6 +25,8 @@ def test_every_registered_kind_is_in_the_readme_with_its_parameter_model() -> No
     for kind in kind_rows():
         assert kind.name in rows, f"README misses kind {kind.name}: paste `gpuest kinds --markdown`"
         assert f"[`{kind.params_path}`]({kind.spec_doc})" in rows[kind.name]
+        summary = kind.summary.replace("|", "/")
+        assert summary in rows[kind.name], f"README's {kind.name} row: paste `gpuest kinds --markdown`"
     assert set(rows) == {kind.name for kind in kind_rows()}, "README lists kinds the registry does not have"
 
 

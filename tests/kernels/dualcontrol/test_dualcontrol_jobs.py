@@ -112,7 +112,8 @@ def test_optimal_job_reports_all_result_names_and_artifacts() -> None:
         assert set(state) >= {"state", "value", "control", "myopic_value"}
         assert voe == pytest.approx(state["myopic_value"] - state["value"])
         assert voe >= -1e-4 * state["value"]
-    assert set(progress.artifacts) == {"value", "policy", "grid", "myopic_value"} == set(result["artifacts"])
+    optimal_and_myopic = {"value", "policy", "grid", "myopic_value", "myopic_policy"}
+    assert set(progress.artifacts) == optimal_and_myopic == set(result["artifacts"])
     assert progress.artifacts["value"].shape == (10, 9, 8)
     fractions = [f for f, _ in progress.reports]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0

@@ -1,0 +1,103 @@
+"""/v1/jobs/{id}/plots: the plots a succeeded job offers (by its kind and what it stored) and each one as SVG
+or PNG, drawn from the stored result and artifacts (``plots/``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Response
+from fastapi import Path as PathParam
+from pydantic import BaseModel
+
+from api.deps import JobIdPath, OwnerDep, SessionDep
+from api.problems import ProblemError
+from core.status import JobStatus
+from plots.registry import MEDIA_TYPES, JobData, PlotDataMissingError, find_plot, plots_for, render
+from plots.stored import stored_job_data
+from store import jobs as job_store
+from store.db import storable_text
+from store.models import Job
+
+router = APIRouter(prefix="/v1/jobs", tags=["plots"])
+
+PlotNamePath = Annotated[str, PathParam(min_length=1, max_length=64, description="plot name (see the list)")]
+PlotFormatQuery = Annotated[Literal["svg", "png"], Query(description="svg (default) or png")]
+
+
+class PlotOut(BaseModel):
+    name: str
+    title: str
+    href: str
+    formats: list[str]
+
+
+def owned_job(session: Any, job_id: str, owner: str) -> Job:
+    """The owner's job, or the same 404 problem as /v1/jobs/{id} (another owner's job reads as missing)."""
+    job = job_store.get_job(session, job_id, owner) if storable_text(job_id) else None
+    if job is None:
+        raise ProblemError(404, f"no job with id {job_id!r}", slug="job-not-found")
+    return job
+
+
+def job_data(job: Job) -> JobData:
+    """What a plot may read of a succeeded job (409 problem otherwise, naming its status)."""
+    if job.status != JobStatus.SUCCEEDED:
+        raise ProblemError(
+            409,
+            f"job {job.id} is {job.status}; plots exist only once it has succeeded",
+            slug="result-not-ready",
+            extensions={"job_status": job.status},
+        )
+    return stored_job_data(job.id, job.kind, job.result, job.artifacts)
+
+
+def plot_not_found(job: Job, name: str) -> ProblemError:
+    return ProblemError(
+        404, f"job {job.id} has no plot named {name!r} (GET /v1/jobs/{job.id}/plots lists them)", slug="plot-not-found"
+    )
+
+
+def plot_bytes(job: Job, name: str, fmt: str) -> bytes:
+    """The rendered plot, or the 404 problem when this job has no such plot (or lacks what it needs)."""
+    data = job_data(job)
+    spec = find_plot(data, name)
+    if spec is None:
+        raise plot_not_found(job, name)
+    try:
+        return render(spec, data, fmt)  # type: ignore[arg-type]
+    except PlotDataMissingError:
+        raise plot_not_found(job, name) from None
+
+
+PLOT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {"description": "No such job for this API key, or no such plot for this job"},
+    409: {"description": "The job has not succeeded (yet)"},
+}
+
+
+@router.get("/{job_id}/plots", response_model=list[PlotOut], responses=PLOT_RESPONSES, summary="List a job's plots")
+def list_plots(job_id: JobIdPath, owner: OwnerDep, session: SessionDep) -> list[PlotOut]:
+    """The plots this job's kind offers that its stored result and artifacts can draw."""
+    job = owned_job(session, job_id, owner)
+    return [
+        PlotOut(name=spec.name, title=spec.title, href=f"/v1/jobs/{job.id}/plots/{spec.name}", formats=["svg", "png"])
+        for spec in plots_for(job_data(job))
+    ]
+
+
+@router.get(
+    "/{job_id}/plots/{name}",
+    response_class=Response,
+    responses={**PLOT_RESPONSES, 200: {"content": {"image/svg+xml": {}, "image/png": {}}}},
+    summary="Get one plot as SVG or PNG",
+)
+def get_plot(
+    job_id: JobIdPath, name: PlotNamePath, owner: OwnerDep, session: SessionDep, format: PlotFormatQuery = "svg"
+) -> Response:
+    """Drawn with matplotlib from the job's stored result and artifacts (never by running the job again)."""
+    job = owned_job(session, job_id, owner)
+    return Response(
+        plot_bytes(job, name, format),
+        media_type=MEDIA_TYPES[format],
+        headers={"Cache-Control": "private, max-age=3600"},
+    )

@@ -1,0 +1,110 @@
+"""The plots each job kind offers, and their rendering to SVG or PNG.
+
+A plot reads only what a finished job stored: its result JSON and its artifacts (``JobData``). Each estimator's
+module lists its plots (``PLOTS``); :func:`plots_for` answers which of them a given job can draw (a Monte Carlo
+without a CV curve has no CV plot), :func:`render` draws one. Drawing uses matplotlib's object API on its own
+``Figure`` (no pyplot state), so concurrent requests in the API's thread pool never share a figure.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Literal
+
+import matplotlib
+
+matplotlib.use("Agg")  # before anything imports pyplot: no display on a server
+
+from matplotlib import rc_context
+from matplotlib.figure import Figure
+
+PlotFormat = Literal["svg", "png"]
+MEDIA_TYPES: dict[str, str] = {"svg": "image/svg+xml", "png": "image/png"}
+
+_PLOT_MODULES = ("plots.crve", "plots.sccs", "plots.ks", "plots.dualcontrol")
+
+# Text stays text in SVG (searchable, selectable, and what the browser tests read); a fixed hash salt keeps the
+# element ids, and so the file, the same from one rendering to the next.
+_STYLE = {
+    "svg.fonttype": "none",
+    "svg.hashsalt": "gpuest",
+    "font.size": 10,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
+PNG_DPI = 110
+
+
+class PlotDataMissingError(LookupError):
+    """The job lacks an artifact or result field the plot needs (e.g. a job stored before it was saved)."""
+
+
+@dataclass(frozen=True)
+class JobData:
+    """What a plot may read: the job's kind, its result JSON and its artifacts (by name, loaded on demand)."""
+
+    kind: str
+    result: Mapping[str, Any]
+    artifact_names: frozenset[str]
+    load_artifact: Callable[[str], Any]
+
+    def artifact(self, name: str) -> Any:
+        if name not in self.artifact_names:
+            raise PlotDataMissingError(f"this job has no {name!r} artifact")
+        return self.load_artifact(name)
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    """One plot: ``draw(figure, data)`` fills the figure; ``available(data)`` says whether this job has what it
+    needs (default: every artifact in ``artifacts``)."""
+
+    name: str
+    title: str
+    kinds: tuple[str, ...]
+    draw: Callable[[Figure, JobData], None]
+    artifacts: tuple[str, ...] = ()
+    needs: Callable[[JobData], bool] | None = None
+    size: tuple[float, float] = (7.0, 4.2)
+
+    def available(self, data: JobData) -> bool:
+        if not set(self.artifacts) <= data.artifact_names:
+            return False
+        return self.needs is None or self.needs(data)
+
+
+@cache
+def all_plots() -> dict[str, tuple[PlotSpec, ...]]:
+    """kind -> its plots, in the order the modules list them."""
+    by_kind: dict[str, list[PlotSpec]] = {}
+    for module_name in _PLOT_MODULES:
+        for spec in importlib.import_module(module_name).PLOTS:
+            for kind in spec.kinds:
+                by_kind.setdefault(kind, []).append(spec)
+    return {kind: tuple(specs) for kind, specs in by_kind.items()}
+
+
+def plots_for(data: JobData) -> list[PlotSpec]:
+    """The plots this job can draw."""
+    return [spec for spec in all_plots().get(data.kind, ()) if spec.available(data)]
+
+
+def find_plot(data: JobData, name: str) -> PlotSpec | None:
+    return next((spec for spec in plots_for(data) if spec.name == name), None)
+
+
+def render(spec: PlotSpec, data: JobData, fmt: PlotFormat) -> bytes:
+    """The plot as an SVG document or a PNG image."""
+    with rc_context(_STYLE):
+        figure = Figure(figsize=spec.size, layout="constrained")
+        spec.draw(figure, data)
+        buffer = io.BytesIO()
+        metadata = {"Date": None} if fmt == "svg" else {}  # no timestamp: the same job gives the same file
+        figure.savefig(buffer, format=fmt, dpi=PNG_DPI, metadata=metadata)
+    return buffer.getvalue()

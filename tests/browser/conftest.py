@@ -1,0 +1,62 @@
+"""The dashboard in a real browser: Debian's chromium and chromedriver driven by Selenium against a real
+embedded stack (uvicorn + Celery worker processes, auth on). Skipped, with the reason, without them."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from cli.serve import EmbeddedStack, embedded_stack
+from tests.cli.cli_helpers import run_gpuest, sqlite_env
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    missing = [name for name, path in (("chromium", CHROMIUM), ("chromedriver", CHROMEDRIVER)) if path is None]
+    for item in items:
+        if "tests/browser/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.browser)
+            if missing:
+                item.add_marker(
+                    pytest.mark.skip(
+                        reason=f"{' and '.join(missing)} not installed (apt-get install chromium chromium-driver)"
+                    )
+                )
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
+    data_dir = tmp_path_factory.mktemp("dashboard")
+    env = sqlite_env(data_dir, GPUEST_AUTH_ENABLED="true")
+    with embedded_stack(data_dir, env=env, log_dir=data_dir / "logs") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def keys(stack: EmbeddedStack) -> dict[str, str]:
+    """An API key for each of two owners, made with the admin command a user runs."""
+    made = {}
+    for owner in ("alice", "bob"):
+        answer = run_gpuest("keys", "--data-dir", str(stack.data_dir), "create", owner, env=stack.env)
+        assert answer.returncode == 0, answer.stderr
+        made[owner] = answer.stdout.strip().split()[-1]
+    return made
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1366,900"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.implicitly_wait(0)
+    yield driver
+    driver.quit()

@@ -205,9 +205,11 @@ class GpuestClient:
         """The plots a succeeded job offers: name, title, href."""
         return cast(list[dict[str, Any]], self._json("GET", f"/v1/jobs/{job_id}/plots"))
 
-    def download_plot(self, job_id: str, name: str, destination: Path, fmt: str = "svg") -> Path:
-        """Write one plot (``svg`` or ``png``) to ``destination`` (a side file, then renamed)."""
-        response = self._http.get(f"/v1/jobs/{job_id}/plots/{name}", params={"format": fmt})
+    def download_plot(self, job_id: str, name: str, destination: Path, fmt: str = "svg",
+                      options: Mapping[str, float] | None = None) -> Path:
+        """Write one plot (``svg`` or ``png``) to ``destination`` (a side file, then renamed); ``options``: the
+        plot's options (e.g. ``{"mu": 0.5}``)."""
+        response = self._http.get(f"/v1/jobs/{job_id}/plots/{name}", params={**(options or {}), "format": fmt})
         if response.is_error:
             raise ApiError.from_response(response)
         partial = destination.with_name(destination.name + ".part")

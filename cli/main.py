@@ -303,6 +303,9 @@ def plot(
     output: Annotated[Path | None, typer.Option("-o", "--output", help="Destination (default: NAME.svg).")] = None,
     fmt: Annotated[str | None, typer.Option("--format", help="svg or png (default: from -o's suffix, else svg).")]
     = None,
+    option: Annotated[list[str] | None, typer.Option(
+        "--option", help="NAME=NUMBER, a plot option (the list shows them), e.g. --option mu=0.5; repeatable.")]
+    = None,
     url: UrlOption = DEFAULT_URL,
     api_key: KeyOption = None,
 ) -> None:
@@ -310,15 +313,30 @@ def plot(
     with api_client(url, api_key) as client:
         if name is None:
             for entry in client.plots(job_id):
-                out.print(f"{entry['name']}  {entry['title']}", highlight=False, markup=False)
+                options = "".join(f"  [--option {o['name']}=...]" for o in entry.get("options") or [])
+                out.print(f"{entry['name']}  {entry['title']}{options}", highlight=False, markup=False)
             return
         chosen = fmt or (output.suffix.lstrip(".").lower() if output is not None else "svg")
         if chosen not in PLOT_FORMATS:
             err.print(f"error: --format must be svg or png, not {chosen!r} (from the -o suffix or --format)",
                       markup=False)
             raise typer.Exit(1)
-        path = client.download_plot(job_id, name, output or Path(f"{name}.{chosen}"), chosen)
+        path = client.download_plot(job_id, name, output or Path(f"{name}.{chosen}"), chosen,
+                                    _plot_options(option or []))
     err.print(f"wrote {path}", markup=False)
+
+
+def _plot_options(pairs: list[str]) -> dict[str, float]:
+    """``NAME=NUMBER`` pairs as a mapping; a malformed one exits 1 with one line (the service checks the names)."""
+    options = {}
+    for pair in pairs:
+        option_name, _, text = pair.partition("=")
+        try:
+            options[option_name.strip()] = float(text)
+        except ValueError:
+            err.print(f"error: --option wants NAME=NUMBER, not {pair!r}", markup=False)
+            raise typer.Exit(1) from None
+    return options
 
 
 @jobs_app.command("list")

@@ -1,31 +1,48 @@
 """Dual control plots: slices over x of the value (expected discounted loss), the control and the value of
-experimentation at the (mu, Sigma) grid node nearest the first report state, optimal against myopic. Read from
-the result JSON (``states``, ``policy``) and the ``value``, ``policy``, ``grid``, ``myopic_value`` and
-``myopic_policy`` artifacts (arrays over the (x, mu, Sigma) grid)."""
+experimentation at a (mu, Sigma) grid node (nearest the values chosen, else the first report state), optimal
+against myopic. Read from the result JSON (``states``, ``policy``) and the ``value``, ``policy``, ``grid``,
+``myopic_value`` and ``myopic_policy`` artifacts (arrays over the (x, mu, Sigma) grid)."""
 
 from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from plots.registry import JobData, PlotSpec
+from plots.registry import JobData, PlotOption, PlotOptionError, PlotSpec
 
 OPTIMAL_COLOUR, MYOPIC_COLOUR, VOE_COLOUR = "#1f4e79", "#e67e22", "#2e7d32"
 
 
-def _slice_node(data: JobData, mu_nodes: np.ndarray, sigma_nodes: np.ndarray) -> tuple[int, int]:
-    """Indices of the (mu, Sigma) node nearest the first report state (the middle of the grid without one)."""
+def _nearest_node(name: str, nodes: np.ndarray, value: float) -> int:
+    """The grid node nearest a chosen value, which must lie within the grid (no extrapolated slices)."""
+    low, high = float(nodes.min()), float(nodes.max())
+    if not low <= value <= high:
+        raise PlotOptionError(name, f"{name} = {value:g} is outside this job's grid [{low:g}, {high:g}]")
+    return int(np.argmin(np.abs(nodes - value)))
+
+
+def _slice_node(data: JobData, mu_nodes: np.ndarray, sigma_nodes: np.ndarray, mu: float | None,
+                sigma: float | None) -> tuple[int, int, str]:
+    """Indices of the (mu, Sigma) node to slice at, and where it came from: nearest the chosen values, else
+    nearest the first report state, else the middle of the grid."""
     states = data.result.get("states") or []
-    if states:
-        _, mu, sigma = states[0]["state"]
-        return int(np.argmin(np.abs(mu_nodes - mu))), int(np.argmin(np.abs(sigma_nodes - sigma)))
-    return mu_nodes.size // 2, sigma_nodes.size // 2
+    origin = "the chosen (mu, Sigma)"
+    if mu is None or sigma is None:
+        if states:
+            _, first_mu, first_sigma = states[0]["state"]
+            origin = "the first report state" if mu is None and sigma is None else origin
+        else:
+            first_mu, first_sigma = mu_nodes[mu_nodes.size // 2], sigma_nodes[sigma_nodes.size // 2]
+            origin = "the middle of the grid" if mu is None and sigma is None else origin
+        mu = float(first_mu) if mu is None else mu
+        sigma = float(first_sigma) if sigma is None else sigma
+    return _nearest_node("mu", mu_nodes, mu), _nearest_node("sigma", sigma_nodes, sigma), origin
 
 
-def draw_slices(figure: Figure, data: JobData) -> None:
+def draw_slices(figure: Figure, data: JobData, mu: float | None = None, sigma: float | None = None) -> None:
     grid = data.artifact("grid")
     x, mu_nodes, sigma_nodes = (np.asarray(grid[axis], dtype=float) for axis in ("x", "mu", "sigma"))
-    i, j = _slice_node(data, mu_nodes, sigma_nodes)
+    i, j, origin = _slice_node(data, mu_nodes, sigma_nodes, mu, sigma)
     value = np.asarray(data.artifact("value"), dtype=float)[:, i, j]
     control = np.asarray(data.artifact("policy"), dtype=float)[:, i, j]
     policy_name = str(data.result.get("policy", "optimal"))
@@ -62,8 +79,7 @@ def draw_slices(figure: Figure, data: JobData) -> None:
     value_ax.legend(loc="best", fontsize=8, frameon=False)
     control_ax.legend(loc="best", fontsize=8, frameon=False)
     figure.suptitle(
-        f"Slices over x at mu = {mu_nodes[i]:.3g}, Sigma = {sigma_nodes[j]:.3g} (grid node nearest "
-        "the first report state)",
+        f"Slices over x at mu = {mu_nodes[i]:.3g}, Sigma = {sigma_nodes[j]:.3g} (grid node nearest {origin})",
         fontsize=10,
     )
 
@@ -75,5 +91,9 @@ PLOTS = [
         ("dualcontrol_solve",),
         draw_slices,
         artifacts=("value", "policy", "grid"),
+        options=(
+            PlotOption("mu", "the slice's mu (the grid node nearest it; default: the first report state's)"),
+            PlotOption("sigma", "the slice's Sigma (the grid node nearest it; default: the first report state's)"),
+        ),
     ),
 ]

@@ -45,6 +45,22 @@ class PlotDataMissingError(LookupError):
     """The job lacks an artifact or result field the plot needs (e.g. a job stored before it was saved)."""
 
 
+class PlotOptionError(ValueError):
+    """A plot option's value this job cannot draw (e.g. a state outside its grid); ``option`` names it."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+@dataclass(frozen=True)
+class PlotOption:
+    """A number a user may choose for a plot (a query parameter of the plot's URL, ``--option`` in the CLI)."""
+
+    name: str
+    description: str
+
+
 @dataclass(frozen=True)
 class JobData:
     """What a plot may read: the job's kind, its result JSON and its artifacts (by name, loaded on demand)."""
@@ -62,16 +78,18 @@ class JobData:
 
 @dataclass(frozen=True)
 class PlotSpec:
-    """One plot: ``draw(figure, data)`` fills the figure; ``available(data)`` says whether this job has what it
-    needs (default: every artifact in ``artifacts``)."""
+    """One plot: ``draw(figure, data, **chosen)`` fills the figure, ``chosen`` holding a value for some of its
+    ``options``; ``available(data)`` says whether this job has what it needs (default: every artifact in
+    ``artifacts``)."""
 
     name: str
     title: str
     kinds: tuple[str, ...]
-    draw: Callable[[Figure, JobData], None]
+    draw: Callable[..., None]
     artifacts: tuple[str, ...] = ()
     needs: Callable[[JobData], bool] | None = None
     size: tuple[float, float] = (7.0, 4.2)
+    options: tuple[PlotOption, ...] = ()
 
     def available(self, data: JobData) -> bool:
         if not set(self.artifacts) <= data.artifact_names:
@@ -99,11 +117,18 @@ def find_plot(data: JobData, name: str) -> PlotSpec | None:
     return next((spec for spec in plots_for(data) if spec.name == name), None)
 
 
-def render(spec: PlotSpec, data: JobData, fmt: PlotFormat) -> bytes:
-    """The plot as an SVG document or a PNG image."""
+def render(spec: PlotSpec, data: JobData, fmt: PlotFormat, chosen: Mapping[str, float] | None = None) -> bytes:
+    """The plot as an SVG document or a PNG image; ``chosen``: values of some of the spec's options (names
+    checked here)."""
+    chosen = dict(chosen or {})
+    known = {option.name for option in spec.options}
+    for name in chosen:
+        if name not in known:
+            offered = ", ".join(sorted(known)) or "none"
+            raise PlotOptionError(name, f"plot {spec.name!r} has no option {name!r} (its options: {offered})")
     with rc_context(_STYLE):
         figure = Figure(figsize=spec.size, layout="constrained")
-        spec.draw(figure, data)
+        spec.draw(figure, data, **chosen)
         buffer = io.BytesIO()
         metadata = {"Date": None} if fmt == "svg" else {}  # no timestamp: the same job gives the same file
         figure.savefig(buffer, format=fmt, dpi=PNG_DPI, metadata=metadata)

@@ -1,7 +1,7 @@
 """SCCS plots: a forest plot of relative incidences with their intervals, the cross-validation curve of the
-predictive log-likelihood over the prior variance, and the bootstrap distributions of the relative incidences.
-Read from the result JSON (``coefficients``, ``cv_curve``, ``variance``) and the ``bootstrap_estimates``
-artifact only."""
+predictive log-likelihood over the prior variance, the bootstrap distributions of the relative incidences and
+the profile likelihoods behind the profile intervals. Read from the result JSON (``coefficients``, ``cv_curve``,
+``variance``) and the ``bootstrap_estimates`` and ``profile_curves`` artifacts only."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from plots.registry import JobData, PlotDataMissingError, PlotSpec
 
 POINT_COLOUR, INTERVAL_COLOUR, CHOSEN_COLOUR = "#1f4e79", "#5b7db1", "#c0392b"
 MAX_BOOTSTRAP_COVARIATES = 30  # the most boxes one plot holds readably
+MAX_PROFILE_PANELS, PROFILE_COLUMNS = 12, 3  # small multiples: the first profiled covariates, three a row
 
 
 def _interval(row: dict[str, Any]) -> tuple[float, float] | None:
@@ -111,6 +112,36 @@ def draw_bootstrap(figure: Figure, data: JobData) -> None:
     ax.set_title(f"Bootstrap distributions ({estimates.shape[0]} replicates)")
 
 
+def draw_profiles(figure: Figure, data: JobData) -> None:
+    curves = data.artifact("profile_curves")
+    covariate = np.asarray(curves["covariateId"], dtype=np.int64)
+    b = np.asarray(curves["logRelativeIncidence"], dtype=float)
+    deviance = np.asarray(curves["deviance"], dtype=float)
+    critical = float(np.asarray(curves["criticalDeviance"], dtype=float)[0])
+    ids = list(dict.fromkeys(covariate.tolist()))[:MAX_PROFILE_PANELS]  # in the order the job profiled them
+    rows = {int(row["covariate_id"]): row for row in data.result.get("coefficients") or []}
+    columns = min(PROFILE_COLUMNS, len(ids))
+    n_rows = -(-len(ids) // columns)
+    figure.set_size_inches(3.4 * columns, 0.6 + 2.6 * n_rows)
+    axes = np.atleast_1d(figure.subplots(n_rows, columns, squeeze=False)).ravel()
+    for ax, covariate_id in zip(axes, ids, strict=False):
+        mine = covariate == covariate_id
+        # on the log scale of the coefficient, where a profile is near a parabola and its ends read directly
+        ax.plot(b[mine], deviance[mine], "o-", color=POINT_COLOUR, markersize=3, linewidth=1)
+        ax.axhline(critical, color=CHOSEN_COLOUR, linestyle="--", linewidth=1)
+        row = rows.get(covariate_id, {})
+        for end in ("profile_ci_lower", "profile_ci_upper"):
+            if row.get(end) is not None:
+                ax.axvline(float(row[end]), color=INTERVAL_COLOUR, linewidth=1)
+        ax.set_title(_label(row) if row else f"covariate {covariate_id}", fontsize=9)
+        ax.set_xlabel("log relative incidence b", fontsize=8)
+        ax.set_ylabel("deviance 2 (p(b̂) − p(b))", fontsize=8)
+    for ax in axes[len(ids):]:
+        ax.set_visible(False)
+    figure.suptitle(f"Profile log posteriors: the interval is where the deviance is below {critical:.2f} (dashed)",
+                    fontsize=10)
+
+
 PLOTS = [
     PlotSpec(
         "forest",
@@ -132,5 +163,12 @@ PLOTS = [
         ("sccs_fit",),
         draw_bootstrap,
         artifacts=("bootstrap_estimates",),
+    ),
+    PlotSpec(
+        "profile",
+        "Profile likelihoods behind the profile intervals",
+        ("sccs_fit",),
+        draw_profiles,
+        artifacts=("profile_curves",),
     ),
 ]

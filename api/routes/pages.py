@@ -253,9 +253,9 @@ async def job_page(request: Request, job_id: str) -> Response:
                 result = (await client.get(f"/v1/jobs/{job_id}/result")).json()
                 artifacts = (await client.get(f"/v1/jobs/{job_id}/artifacts")).json()
                 for entry in (await client.get(f"/v1/jobs/{job_id}/plots")).json():
-                    svg = await client.get(entry["href"])
-                    if svg.status_code == 200:
-                        plots.append({**entry, "svg": inline_svg(svg.text)})
+                    plot = await drawn_plot(client, entry, request.query_params)
+                    if plot is not None:
+                        plots.append(plot)
     except SignInRequired:
         return to_signin()
     return render(
@@ -272,6 +272,22 @@ async def job_page(request: Request, job_id: str) -> Response:
             "terminal": job["status"] in TERMINAL,
         },
     )
+
+
+async def drawn_plot(client: httpx.AsyncClient, entry: Mapping[str, Any],
+                     query: Mapping[str, str]) -> dict[str, Any] | None:
+    """One plot of the job page, drawn with the options the page's query chose for it (``<plot>.<option>``);
+    an option the API refuses is shown beside the plot drawn without it."""
+    prefix = f"{entry['name']}."
+    chosen = {key.removeprefix(prefix): value for key, value in query.items() if key.startswith(prefix) and value}
+    svg = await client.get(entry["href"], params=chosen)
+    error = None
+    if svg.status_code == 422 and chosen:
+        error = svg.json().get("detail")
+        svg = await client.get(entry["href"])
+    if svg.status_code != 200:
+        return None
+    return {**entry, "svg": inline_svg(svg.text), "chosen": chosen, "error": error}
 
 
 def inline_svg(document: str) -> str:

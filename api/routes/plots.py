@@ -3,16 +3,27 @@ or PNG, drawn from the stored result and artifacts (``plots/``)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel
 
 from api.deps import JobIdPath, OwnerDep, SessionDep
-from api.problems import ProblemError
+from api.problems import ProblemError, field_error
 from core.status import JobStatus
-from plots.registry import MEDIA_TYPES, JobData, PlotDataMissingError, find_plot, plots_for, render
+from plots.registry import (
+    MEDIA_TYPES,
+    JobData,
+    PlotDataMissingError,
+    PlotOptionError,
+    PlotSpec,
+    find_plot,
+    plots_for,
+    render,
+)
 from plots.stored import stored_job_data
 from store import jobs as job_store
 from store.db import storable_text
@@ -24,11 +35,17 @@ PlotNamePath = Annotated[str, PathParam(min_length=1, max_length=64, description
 PlotFormatQuery = Annotated[Literal["svg", "png"], Query(description="svg (default) or png")]
 
 
+class PlotOptionOut(BaseModel):
+    name: str
+    description: str
+
+
 class PlotOut(BaseModel):
     name: str
     title: str
     href: str
     formats: list[str]
+    options: list[PlotOptionOut] = []  # numbers the plot's URL takes as query parameters (e.g. ?mu=0.5)
 
 
 def owned_job(session: Any, job_id: str, owner: str) -> Job:
@@ -57,21 +74,50 @@ def plot_not_found(job: Job, name: str) -> ProblemError:
     )
 
 
-def plot_bytes(job: Job, name: str, fmt: str) -> bytes:
-    """The rendered plot, or the 404 problem when this job has no such plot (or lacks what it needs)."""
+def option_problem(option: str, message: str) -> ProblemError:
+    return ProblemError(422, message, slug="invalid-plot-option",
+                        errors=[field_error(option, message, type_="plot_option", location="query")])
+
+
+def chosen_options(spec: PlotSpec, query: Mapping[str, str]) -> dict[str, float]:
+    """The plot's options among the query parameters (every parameter but ``format``), as finite numbers."""
+    known = {option.name for option in spec.options}
+    chosen = {}
+    for name, text in query.items():
+        if name == "format":
+            continue
+        if name not in known:
+            offered = ", ".join(sorted(known)) or "none"
+            raise option_problem(name, f"plot {spec.name!r} has no option {name!r} (its options: {offered})")
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise option_problem(name, f"{name} must be a finite number, not {text[:40]!r}")
+        chosen[name] = value
+    return chosen
+
+
+def plot_bytes(job: Job, name: str, fmt: str, query: Mapping[str, str]) -> bytes:
+    """The rendered plot, or the 404 problem when this job has no such plot (or lacks what it needs), or the
+    422 problem naming an option the plot does not take or cannot draw."""
     data = job_data(job)
     spec = find_plot(data, name)
     if spec is None:
         raise plot_not_found(job, name)
     try:
-        return render(spec, data, fmt)  # type: ignore[arg-type]
+        return render(spec, data, fmt, chosen_options(spec, query))  # type: ignore[arg-type]
     except PlotDataMissingError:
         raise plot_not_found(job, name) from None
+    except PlotOptionError as error:
+        raise option_problem(error.option, str(error)) from None
 
 
 PLOT_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"description": "No such job for this API key, or no such plot for this job"},
     409: {"description": "The job has not succeeded (yet)"},
+    422: {"description": "An option the plot does not take, or a value it cannot draw"},
 }
 
 
@@ -80,7 +126,8 @@ def list_plots(job_id: JobIdPath, owner: OwnerDep, session: SessionDep) -> list[
     """The plots this job's kind offers that its stored result and artifacts can draw."""
     job = owned_job(session, job_id, owner)
     return [
-        PlotOut(name=spec.name, title=spec.title, href=f"/v1/jobs/{job.id}/plots/{spec.name}", formats=["svg", "png"])
+        PlotOut(name=spec.name, title=spec.title, href=f"/v1/jobs/{job.id}/plots/{spec.name}", formats=["svg", "png"],
+                options=[PlotOptionOut(name=option.name, description=option.description) for option in spec.options])
         for spec in plots_for(job_data(job))
     ]
 
@@ -92,12 +139,14 @@ def list_plots(job_id: JobIdPath, owner: OwnerDep, session: SessionDep) -> list[
     summary="Get one plot as SVG or PNG",
 )
 def get_plot(
-    job_id: JobIdPath, name: PlotNamePath, owner: OwnerDep, session: SessionDep, format: PlotFormatQuery = "svg"
+    request: Request, job_id: JobIdPath, name: PlotNamePath, owner: OwnerDep, session: SessionDep,
+    format: PlotFormatQuery = "svg",
 ) -> Response:
-    """Drawn with matplotlib from the job's stored result and artifacts (never by running the job again)."""
+    """Drawn with matplotlib from the job's stored result and artifacts (never by running the job again). A plot
+    with options (the list says which) takes each as a query parameter, e.g. ``?mu=0.5&sigma=0.2``."""
     job = owned_job(session, job_id, owner)
     return Response(
-        plot_bytes(job, name, format),
+        plot_bytes(job, name, format, request.query_params),
         media_type=MEDIA_TYPES[format],
         headers={"Cache-Control": "private, max-age=3600"},
     )

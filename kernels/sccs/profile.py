@@ -40,6 +40,11 @@ class ProfileInterval:
     lower: float | None  # None: the profile does not fall to the threshold within MAX_DISTANCE
     upper: float | None
     evaluations: int  # constrained refits spent
+    # The profile where the search evaluated it, (b, p(b)) sorted by b, with the maximum (b_hat, p(b_hat)):
+    # what a plot of the profile draws; ``maximum`` is p(b_hat), ``threshold`` the p(b) of the interval's ends.
+    points: tuple[tuple[float, float], ...] = ()
+    maximum: float = math.nan
+    threshold: float = math.nan
 
 
 def constrained_data(data: SccsData, column: int, value: float) -> SccsData:
@@ -74,15 +79,19 @@ class _Profile:
         self.others = np.delete(beta_hat, column)
         self.sub_prior = Prior(prior.kind, prior.variance, np.delete(prior.penalised, column))
         self.evaluations = 0
+        self.points: dict[float, float] = {}
 
     def __call__(self, value: float) -> float:
+        if float(value) in self.points:  # Brent's method starts at the bracket's ends, which stepping out found
+            return self.points[float(value)]
         self.evaluations += 1
         refit = ccd.fit(constrained_data(self.data, self.column, value), self.sub_prior, self.options,
                         beta0=self.others)
         if not refit.converged:
             raise ValueError(f"a constrained refit for covariate column {self.column} at {value:g} did not converge "
                              f"in {self.options.max_iterations} cycles")
-        return refit.log_posterior + _prior_term(self.prior, self.column, value)
+        self.points[float(value)] = refit.log_posterior + _prior_term(self.prior, self.column, value)
+        return self.points[float(value)]
 
 
 def _end(profile: _Profile, estimate: float, threshold: float, direction: float) -> float | None:
@@ -126,5 +135,7 @@ def profile_intervals(data: SccsData, prior: Prior, fit: ccd.FitResult, columns:
         estimate = float(beta_hat[column])
         lower = _end(profile, estimate, threshold, -1.0)
         upper = _end(profile, estimate, threshold, +1.0)
-        intervals.append(ProfileInterval(column, estimate, lower, upper, profile.evaluations))
+        points = tuple(sorted({**profile.points, estimate: float(top)}.items()))
+        intervals.append(ProfileInterval(column, estimate, lower, upper, profile.evaluations, points, float(top),
+                                         threshold))
     return intervals

@@ -8,6 +8,7 @@ import functools
 import xml.etree.ElementTree as ElementTree
 from typing import Any
 
+import numpy as np
 import pytest
 from api_helpers import assert_problem, montecarlo_spec
 from fastapi.testclient import TestClient
@@ -43,18 +44,20 @@ EXPECTED: dict[str, dict[str, tuple[str, ...]]] = {
 
 
 @functools.cache
-def example_run(kind_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The kind's example run once on NumPy: its result JSON and its artifacts."""
+def example_run(kind_name: str, profiled: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The kind's example run once on NumPy: its result JSON and its artifacts (``profiled``: an SCCS fit with
+    profile-likelihood intervals of every covariate)."""
     kind = registry()[kind_name]
     progress = LocalProgress()
     ctx = local_context(device="cpu", datasets=kind.example.frames(), progress=progress)
-    return run_kind(kind, kind.example.params, ctx), dict(progress.artifacts)
+    params = {**kind.example.params, "profile": {}} if profiled else kind.example.params
+    return run_kind(kind, params, ctx), dict(progress.artifacts)
 
 
-def stored_job(owner: str, kind_name: str, *, skip_artifacts: tuple[str, ...] = ()) -> str:
+def stored_job(owner: str, kind_name: str, *, skip_artifacts: tuple[str, ...] = (), profiled: bool = False) -> str:
     """A succeeded job of the kind holding its example's result and artifacts, stored as the worker stores
     them; returns its id."""
-    result, artifacts = example_run(kind_name)
+    result, artifacts = example_run(kind_name, profiled)
     with session_scope() as session:
         job, _ = job_store.create_job(session, owner=owner, kind=kind_name, params={}, dataset_ids={})
         job_id = job.id
@@ -108,6 +111,47 @@ def test_bootstrap_plot_shows_this_jobs_statistic_and_p_value(client: TestClient
     assert any(f"observed t = {result['t_stat']:.3f}" in text for text in texts)
     assert any(f"p = {result['p_value']:.4f}" in text for text in texts)
     assert any(f"bootstrap t* ({result['reps_used']:,})" in text for text in texts)
+
+
+def test_an_sccs_fit_with_profile_intervals_draws_its_profiles(client: TestClient, alice) -> None:
+    job_id = stored_job("alice", "sccs_fit", profiled=True)
+    names = [entry["name"] for entry in client.get(f"/v1/jobs/{job_id}/plots", headers=alice).json()]
+    assert names == ["forest", "cv_curve", "bootstrap", "profile"]
+    result, _ = example_run("sccs_fit", True)
+    texts = svg_texts(client.get(f"/v1/jobs/{job_id}/plots/profile", headers=alice).content)
+    assert any("deviance is below 3.84" in text for text in texts)
+    assert sum("log relative incidence b" in text for text in texts) == min(
+        12, len(result["coefficients"]))
+    assert any(result["coefficients"][0]["name"] in text for text in texts)
+
+
+def test_dual_control_slices_at_a_chosen_state_and_refused_options(client: TestClient, alice) -> None:
+    job_id = stored_job("alice", "dualcontrol_solve")
+    _, artifacts = example_run("dualcontrol_solve")
+    mu_nodes, sigma_nodes = np.asarray(artifacts["grid"]["mu"]), np.asarray(artifacts["grid"]["sigma"])
+    (entry,) = client.get(f"/v1/jobs/{job_id}/plots", headers=alice).json()
+    assert [option["name"] for option in entry["options"]] == ["mu", "sigma"]
+    # off the grid's nodes: the slice is at the nearest node, and the title says which
+    mu, sigma = 0.3 * mu_nodes[1] + 0.7 * mu_nodes[2], sigma_nodes[-1] - 1e-9
+    answer = client.get(entry["href"], params={"mu": mu, "sigma": sigma}, headers=alice)
+    assert answer.status_code == 200, answer.text
+    title = f"Slices over x at mu = {mu_nodes[2]:.3g}, Sigma = {sigma_nodes[-1]:.3g} (grid node nearest the chosen"
+    assert any(title in text for text in svg_texts(answer.content))
+    assert answer.content != client.get(entry["href"], headers=alice).content
+    refused = {
+        "mu": ({"mu": float(mu_nodes.max()) + 1.0}, "outside this job's grid"),
+        "sigma": ({"sigma": "nan"}, "must be a finite number"),
+        "x": ({"x": "1"}, "has no option 'x' (its options: mu, sigma)"),
+    }
+    for option, (query, message) in refused.items():
+        problem = assert_problem(client.get(entry["href"], params=query, headers=alice), 422)
+        assert message in problem["detail"]
+        assert problem["errors"][0]["field"] == option and problem["errors"][0]["location"] == "query"
+    other = stored_job("alice", "crve_montecarlo")
+    problem = assert_problem(
+        client.get(f"/v1/jobs/{other}/plots/rejection_rates", params={"mu": 1}, headers=alice), 422
+    )
+    assert "its options: none" in problem["detail"]
 
 
 def test_same_job_renders_the_same_svg(client: TestClient, alice) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -183,6 +184,43 @@ def test_another_owners_job_answers_404(signed_in: WebDriver, stack: EmbeddedSta
     assert as_alice.status_code == 404
     as_bob = httpx.get(url, cookies={"gpuest_session": keys["bob"]})
     assert as_bob.status_code == 200 and "crve_montecarlo" in as_bob.text
+
+
+def focused(browser: WebDriver) -> Any:
+    return browser.switch_to.active_element
+
+
+def test_keyboard_only(signed_in: WebDriver, stack: EmbeddedStack) -> None:
+    # Tab from the top of a page: the skip link first, then the main navigation, each with a visible focus
+    # ring; Enter follows a link and submits a form; no mouse anywhere.
+    browser = signed_in
+    browser.get(f"{stack.base_url}/ui/jobs")
+    body = browser.find_element(By.TAG_NAME, "body")
+    body.send_keys(Keys.TAB)
+    assert focused(browser).text == "Skip to content"
+    assert focused(browser).value_of_css_property("outline-style") == "solid"
+    order = []
+    for _ in range(4):
+        focused(browser).send_keys(Keys.TAB)
+        order.append(focused(browser).text)
+    assert order == ["Jobs", "Submit", "Datasets", "API docs"]
+    assert focused(browser).value_of_css_property("outline-style") == "solid"
+    focused(browser).send_keys(Keys.SHIFT, Keys.TAB)  # back to Datasets
+    focused(browser).send_keys(Keys.SHIFT, Keys.TAB)  # and to Submit
+    link = focused(browser)
+    link.send_keys(Keys.ENTER)
+    WebDriverWait(browser, 30).until(staleness_of(link))
+    assert browser.current_url.endswith("/ui/submit")
+    # the kind chooser and the generated form are reached and sent by keyboard: a bad value comes back on its
+    # field, and the field keeps the typed text
+    browser.get(f"{stack.base_url}/ui/submit?kind=crve_montecarlo")
+    field = browser.find_element(By.ID, "param-replications")
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys("0")
+    field.send_keys(Keys.ENTER)  # Enter in a text field submits its form
+    WebDriverWait(browser, 30).until(staleness_of(field))
+    assert "greater than" in browser.find_element(By.ID, "error-replications").text
+    assert browser.find_element(By.ID, "param-replications").get_attribute("value") == "0"
 
 
 def test_sign_out(signed_in: WebDriver, stack: EmbeddedStack) -> None:

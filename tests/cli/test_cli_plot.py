@@ -34,3 +34,9 @@ def test_plot_lists_and_saves_png_and_svg(stack: EmbeddedStack, tmp_path: Path) 
 
     unknown = runner.invoke(app, ["plot", job["id"], "forest", "--url", stack.base_url])
     assert unknown.exit_code == 1 and "no plot named 'forest'" in unknown.stderr
+
+    not_an_option = runner.invoke(app, ["plot", job["id"], "rejection_rates", "--option", "mu=0.5", "--url",
+                                        stack.base_url])
+    assert not_an_option.exit_code == 1 and "has no option 'mu'" in not_an_option.stderr
+    malformed = runner.invoke(app, ["plot", job["id"], "rejection_rates", "--option", "mu", "--url", stack.base_url])
+    assert malformed.exit_code == 1 and "--option wants NAME=NUMBER, not 'mu'" in malformed.stderr

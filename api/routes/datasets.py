@@ -1,4 +1,5 @@
-"""/v1/datasets: upload (CSV or Parquet, streamed to disk, stored as Parquet), read, list, delete."""
+"""/v1/datasets: upload (CSV or Parquet, streamed to disk, stored as Parquet), register a job's table artifact,
+read, list, delete."""
 
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,9 +12,12 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import OwnerDep, SessionDep, SettingsDep
 from api.pagination import LimitQuery, OffsetQuery, next_page
 from api.problems import ProblemError, field_error
-from api.schemas import DatasetOut, DatasetPage
+from api.schemas import DatasetFromArtifact, DatasetOut, DatasetPage
 from api.uploads import ReceivedFile, receive_file
 from core.settings import Settings
+from core.status import JobStatus
+from store import jobs as job_store
+from store.artifact_datasets import ArtifactNotUsableError, register_artifact, table_artifacts
 from store.datasets import (
     ColumnTypeError,
     DatasetError,
@@ -26,7 +30,7 @@ from store.datasets import (
     list_datasets,
     stored_bytes,
 )
-from store.db import session_scope
+from store.db import session_scope, storable_text
 from store.jobs import jobs_using_dataset
 
 log = structlog.get_logger("gpuest.api")
@@ -150,6 +154,56 @@ async def upload_dataset(request: Request, response: Response, owner: OwnerDep, 
 def upload_dir(settings: Settings) -> Path:
     # Under the data directory, so the final rename into datasets/ stays on one filesystem.
     return settings.data_dir / "uploads"
+
+
+@router.post(
+    "/from-artifact",
+    status_code=201,
+    response_model=DatasetOut,
+    responses={
+        409: {"description": "The job has not succeeded (yet): the problem's `errors` name the field `job`"},
+        422: {"description": "No such job for this API key (`job`), or no table artifact of that name "
+                            "(`artifact`): the problem's `errors` name the field"},
+        429: {"description": "The owner's datasets would pass max_stored_bytes_per_owner"},
+    },
+    summary="Register a job's table artifact as a dataset",
+)
+def dataset_from_artifact(
+    body: DatasetFromArtifact, response: Response, owner: OwnerDep, session: SessionDep, settings: SettingsDep
+) -> DatasetOut:
+    """One of your succeeded jobs' table artifacts (e.g. `outcomes` and `covariates` of `sccs_eras`) as a new
+    dataset, usable wherever a dataset id is: nothing to download and upload again. Its schema is stored like
+    an upload's, so a job naming it has its columns checked at submission. The dataset keeps its own file:
+    deleting the job later does not remove it."""
+    job = job_store.get_job(session, body.job, owner) if storable_text(body.job) else None
+    if job is None:  # another owner's job reads as missing, as everywhere
+        raise _invalid_field("job", f"no job with id {body.job!r}", "job_not_found")
+    if job.status != JobStatus.SUCCEEDED:
+        message = f"job {job.id} is {job.status}: its artifacts can be registered once it has succeeded"
+        raise ProblemError(409, f"job: {message}", slug="job-not-succeeded",
+                           errors=[field_error("job", message, type_="job_not_succeeded")],
+                           extensions={"job_status": job.status, "tables": table_artifacts(job)})
+    try:
+        dataset = register_artifact(session, owner=owner, job=job, artifact=body.artifact, name=body.name)
+    except ArtifactNotUsableError as error:
+        raise _invalid_field("artifact", str(error), "artifact_not_table") from error
+    try:
+        if settings.max_stored_bytes_per_owner:
+            _check_storage_quota(owner, settings.max_stored_bytes_per_owner, int(dataset.size_bytes))
+        session.commit()
+    except BaseException:
+        session.rollback()
+        delete_stored_file(dataset.path)
+        raise
+    log.info("dataset registered from an artifact", dataset_id=dataset.id, owner=owner, job_id=job.id,
+             artifact=body.artifact)
+    response.headers["Location"] = f"/v1/datasets/{dataset.id}"
+    return DatasetOut.from_row(dataset)
+
+
+def _invalid_field(field: str, message: str, type_: str) -> ProblemError:
+    return ProblemError(422, f"{field}: {message}", slug="validation-error", title="Invalid request",
+                        errors=[field_error(field, message, type_=type_)])
 
 
 @router.get("", response_model=DatasetPage, summary="List datasets")

@@ -430,7 +430,7 @@ def _group_equal_sets(
 
 
 @dataclass(frozen=True)
-class _PersonData:
+class PersonData:
     """Person-level inputs as int64 arrays, events and exposures located by their case's position."""
 
     case_id: np.ndarray
@@ -449,7 +449,7 @@ class _PersonData:
 
 
 @dataclass(frozen=True)
-class _RiskWindows:
+class RiskWindows:
     """Risk windows clipped to their case's observation period (empty ones dropped), inclusive days."""
 
     owner: np.ndarray  # case position
@@ -478,6 +478,7 @@ class _Pieces:
     cut_key: np.ndarray
     cut_case: np.ndarray
     case: np.ndarray  # case position of each piece
+    start: np.ndarray  # first day of each piece
     length: np.ndarray  # days
     window_first: np.ndarray  # first piece of each risk window
     window_stop: np.ndarray  # one past its last piece
@@ -506,11 +507,11 @@ def _check_ordered(late_name: str, late: np.ndarray, early_name: str, early: np.
                          "in days)")
 
 
-def _person_data(
+def person_data(
     case_id: np.ndarray, observation_start: np.ndarray, observation_end: np.ndarray, event_case: np.ndarray,
     event_day: np.ndarray, exposure_case: np.ndarray, exposure_drug: np.ndarray, exposure_start: np.ndarray,
     exposure_end: np.ndarray,
-) -> _PersonData:
+) -> PersonData:
     """Check the person-level inputs and locate each event and exposure's case."""
     case_id = np.asarray(case_id)
     obs_start = np.asarray(observation_start, dtype=np.int64)
@@ -523,7 +524,7 @@ def _person_data(
     _check_ordered("exposure_end", exposure_end, "exposure_start", exposure_start, "exposures")
     case_order = np.argsort(case_id, kind="stable")
     sorted_ids = case_id[case_order]
-    return _PersonData(
+    return PersonData(
         case_id=case_id, obs_start=obs_start, obs_end=obs_end,
         event_owner=_index_of_cases("event_case", np.asarray(event_case), sorted_ids, case_order),
         event_day=np.asarray(event_day, dtype=np.int64),
@@ -533,8 +534,8 @@ def _person_data(
     )
 
 
-def _risk_windows(person: _PersonData, risk_window_start: int, risk_window_end: int, start_anchor: str,
-                  end_anchor: str) -> _RiskWindows:
+def risk_windows(person: PersonData, risk_window_start: int, risk_window_end: int, start_anchor: str,
+                  end_anchor: str) -> RiskWindows:
     first_day = person.exposure_start if start_anchor == "exposure_start" else person.exposure_end
     last_day = person.exposure_end if end_anchor == "exposure_end" else person.exposure_start
     owner = person.exposure_owner
@@ -542,12 +543,14 @@ def _risk_windows(person: _PersonData, risk_window_start: int, risk_window_end: 
     end = np.minimum(last_day + risk_window_end, person.obs_end[owner])
     keep = start <= end
     drug_ids, rank = np.unique(person.exposure_drug[keep], return_inverse=True)
-    return _RiskWindows(owner[keep], start[keep], end[keep], rank.astype(np.int64), drug_ids)
+    return RiskWindows(owner[keep], start[keep], end[keep], rank.astype(np.int64), drug_ids)
 
 
-def _cut_pieces(person: _PersonData, windows: _RiskWindows) -> _Pieces:
+def cut_pieces(person: PersonData, windows: RiskWindows, extra_cuts: tuple[np.ndarray, np.ndarray] | None = None,
+                ) -> _Pieces:
     """The days where the set of drugs can change (observation start, window starts, the day after window
-    ends, the day after observation end) cut each case into pieces."""
+    ends, the day after observation end) cut each case into pieces; ``extra_cuts`` (case positions, days inside
+    their observation periods) adds more cuts, such as the first days of calendar months of the time splines."""
     n_cases = person.n_cases
     base = int(person.obs_start.min())
     span = int(person.obs_end.max()) + 2 - base
@@ -559,6 +562,7 @@ def _cut_pieces(person: _PersonData, windows: _RiskWindows) -> _Pieces:
     all_keys = np.concatenate([
         keys.of(cases, person.obs_start), keys.of(cases, person.obs_end + 1), keys.of(windows.owner, windows.start),
         keys.of(windows.owner, windows.end + 1),
+        *([] if extra_cuts is None else [keys.of(*extra_cuts)]),
     ])
     # One sort gives the distinct cuts and the rank (cut position) of every key.
     order = np.argsort(all_keys)
@@ -574,29 +578,35 @@ def _cut_pieces(person: _PersonData, windows: _RiskWindows) -> _Pieces:
     is_piece = np.zeros(cut_key.size, dtype=bool)
     is_piece[:-1] = cut_case[1:] == cut_case[:-1]
     return _Pieces(
-        keys=keys, cut_key=cut_key, cut_case=cut_case, case=cut_case[is_piece],
+        keys=keys, cut_key=cut_key, cut_case=cut_case, case=cut_case[is_piece], start=cut_day[is_piece],
         length=(cut_day[1:] - cut_day[:-1])[is_piece[:-1]],
         window_first=rank[2 * n_cases:2 * n_cases + n_windows] - windows.owner,
-        window_stop=rank[2 * n_cases + n_windows:] - windows.owner,
+        window_stop=rank[2 * n_cases + n_windows:2 * n_cases + 2 * n_windows] - windows.owner,
     )
 
 
-def _drug_sets(pieces: _Pieces, windows: _RiskWindows, n_ranks: int) -> _DrugSets:
-    """(piece, drug) pairs: window w covers the pieces [its first piece, its stop piece)."""
+def drug_sets(pieces: _Pieces, windows: RiskWindows, n_ranks: int, piece_rank: np.ndarray | None = None,
+               ) -> _DrugSets:
+    """(piece, drug) pairs: window w covers the pieces [its first piece, its stop piece). ``piece_rank`` adds one
+    more rank to every piece (the time-covariate class of :mod:`kernels.sccs.study`, so that pieces merge into
+    one era only when their time covariates are equal too)."""
     covered = pieces.window_stop - pieces.window_first
     offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(covered)])
     owner = np.repeat(np.arange(windows.owner.size), covered)
     pair_piece = pieces.window_first[owner] + np.arange(int(offsets[-1]), dtype=np.int64) - offsets[:-1][owner]
     if pieces.count * n_ranks >= 2**63:
         raise ValueError("too many (era, drug) combinations for the era builder")
-    pair_key = _sorted_unique(pair_piece * n_ranks + windows.rank[owner])  # merges overlapping windows of a drug
+    pair_key = pair_piece * n_ranks + windows.rank[owner]
+    if piece_rank is not None:
+        pair_key = np.concatenate([pair_key, np.arange(pieces.count, dtype=np.int64) * n_ranks + piece_rank])
+    pair_key = _sorted_unique(pair_key)  # merges overlapping windows of a drug
     pair_piece, pair_rank = pair_key // n_ranks, pair_key % n_ranks
     set_size = np.bincount(pair_piece, minlength=pieces.count).astype(np.int64)
     return _DrugSets(rank=pair_rank, size=set_size, ptr=np.concatenate([np.zeros(1, dtype=np.int64),
                                                                         np.cumsum(set_size)]))
 
 
-def _events_per_piece(person: _PersonData, pieces: _Pieces) -> np.ndarray:
+def events_per_piece(person: PersonData, pieces: _Pieces) -> np.ndarray:
     """Events inside their case's observation period, counted per piece (the others are ignored)."""
     owner, day = person.event_owner, person.event_day
     inside = (day >= person.obs_start[owner]) & (day <= person.obs_end[owner])
@@ -605,7 +615,7 @@ def _events_per_piece(person: _PersonData, pieces: _Pieces) -> np.ndarray:
     return np.bincount(event_cut - pieces.cut_case[event_cut], minlength=pieces.count)
 
 
-def _era_tables(person: _PersonData, pieces: _Pieces, sets: _DrugSets, drug_ids: np.ndarray,
+def era_tables(person: PersonData, pieces: _Pieces, sets: _DrugSets, drug_ids: np.ndarray,
                 piece_events: np.ndarray, n_ranks: int) -> IntervalTables:
     """Merge pieces of equal (case, drug set) into eras, numbered by first occurrence."""
     group_of_piece, group_first_piece = _group_equal_sets(pieces.case, sets.size, sets.ptr, sets.rank, n_ranks,
@@ -676,12 +686,12 @@ def eras_from_person_data(
     for name, anchor in (("start_anchor", start_anchor), ("end_anchor", end_anchor)):
         if anchor not in RISK_WINDOW_ANCHORS:
             raise ValueError(f"{name} must be 'exposure_start' or 'exposure_end', not {anchor!r}")
-    person = _person_data(case_id, observation_start, observation_end, event_case, event_day, exposure_case,
+    person = person_data(case_id, observation_start, observation_end, event_case, event_day, exposure_case,
                           exposure_drug, exposure_start, exposure_end)
     if person.n_cases == 0:
         return _empty_tables()
-    windows = _risk_windows(person, risk_window_start, risk_window_end, start_anchor, end_anchor)
-    pieces = _cut_pieces(person, windows)
+    windows = risk_windows(person, risk_window_start, risk_window_end, start_anchor, end_anchor)
+    pieces = cut_pieces(person, windows)
     n_ranks = max(int(windows.drug_ids.size), 1)
-    sets = _drug_sets(pieces, windows, n_ranks)
-    return _era_tables(person, pieces, sets, windows.drug_ids, _events_per_piece(person, pieces), n_ranks)
+    sets = drug_sets(pieces, windows, n_ranks)
+    return era_tables(person, pieces, sets, windows.drug_ids, events_per_piece(person, pieces), n_ranks)

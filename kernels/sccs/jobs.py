@@ -12,26 +12,41 @@ from types import ModuleType
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from kernels import cuda
 from kernels.backend import get_namespace, is_numpy
 from kernels.context import RunContext, local_context
 from kernels.registry import JobKind, KindExample
 from kernels.sccs import bootstrap as boot
-from kernels.sccs import ccd, gpu, synthetic, transfer
+from kernels.sccs import calibration as cal
+from kernels.sccs import ccd, gpu, study, synthetic, transfer
 from kernels.sccs import cv as crossval
-from kernels.sccs.data import BuiltData, SccsData, build_from_tables, eras_from_person_data
+from kernels.sccs import diagnostics as diag
+from kernels.sccs.analyses import SingleFits, single_covariate_fits
+from kernels.sccs.data import BuiltData, IntervalTables, SccsData, build_from_tables, eras_from_person_data
 from kernels.sccs.model import Prior
 from kernels.sccs.profile import ProfileInterval, profile_intervals
 from kernels.sccs.spec import (
+    AGE_COLUMN,
+    AnalysisRow,
     BootstrapSpec,
+    CalibrationSummary,
     Coefficient,
     CrossValidationSpec,
     CvPoint,
+    DiagnosticsSpec,
+    EraCovariate,
+    MdrrRow,
+    SccsAnalysesParams,
+    SccsAnalysesResult,
+    SccsDiagnostics,
     SccsErasParams,
     SccsErasResult,
     SccsParams,
     SccsResult,
+    TimeStabilityCheck,
+    WindowCheck,
 )
 
 # Share of the GPU's free memory a bootstrap batch may take.
@@ -119,6 +134,12 @@ class _FitInputs:
 def _load_inputs(params: SccsParams, ctx: RunContext) -> _FitInputs:
     """The tables' columns read (host), copied to the job's device, sorted, indexed and checked there; the names
     and the prior."""
+    built, names = _load_tables(ctx)
+    return _FitInputs(built, names, _prior(params, built.data.covariate_ids))
+
+
+def _load_tables(ctx: RunContext) -> tuple[BuiltData, list[str | None]]:
+    """The interval tables built on the job's device, and the covariates' names (None without a names table)."""
     with ctx.stage("tables"):
         columns = table_columns(ctx.dataset("outcomes_dataset_id"), ctx.dataset("covariates_dataset_id"))
     if not is_numpy(ctx.xp):
@@ -126,8 +147,7 @@ def _load_inputs(params: SccsParams, ctx: RunContext) -> _FitInputs:
             columns = {name: transfer.to_device(ctx.xp, values) for name, values in columns.items()}
     with ctx.stage("build"):
         built = build_from_tables(**columns, xp=ctx.xp)
-    names = _names(ctx.optional_dataset("names_dataset_id"), built.data.covariate_ids)
-    return _FitInputs(built, names, _prior(params, built.data.covariate_ids))
+    return built, _names(ctx.optional_dataset("names_dataset_id"), built.data.covariate_ids)
 
 
 # -- the fits --------------------------------------------------------------------------------------------
@@ -229,7 +249,164 @@ def _profile(params: SccsParams, inputs: _FitInputs, result: ccd.FitResult, vari
     options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, "float64")
     ctx.progress(0.9, f"profile likelihood of {len(columns)} covariates")
     intervals = profile_intervals(inputs.data, prior, result, columns, spec.level, options)
+    ctx.save_artifact("profile_curves", _profile_curves(inputs, intervals))
     return {interval.covariate: interval for interval in intervals}
+
+
+def _profile_curves(inputs: _FitInputs, intervals: list[ProfileInterval]) -> pd.DataFrame:
+    """The profiles where the searches evaluated them, as deviances 2 (p(b_hat) - p(b)) beside the interval's
+    critical value (chi2_1 at the level): one row per point, for the dashboard's profile plot."""
+    ids = inputs.data.covariate_ids
+    rows = [(int(ids[interval.covariate]), b, 2.0 * (interval.maximum - value),
+             2.0 * (interval.maximum - interval.threshold))
+            for interval in intervals for b, value in interval.points]
+    return pd.DataFrame(rows, columns=["covariateId", "logRelativeIncidence", "deviance", "criticalDeviance"])
+
+
+def _diagnostics(params: SccsParams, inputs: _FitInputs, result: ccd.FitResult, variance: float,
+                 ctx: RunContext) -> SccsDiagnostics:
+    """The SelfControlledCaseSeries diagnostics the spec asks for (kernels/sccs/diagnostics.py)."""
+    spec = params.diagnostics
+    assert spec is not None
+    data, ids = inputs.data, inputs.data.covariate_ids.tolist()
+    statistics = diag.exposure_statistics(data)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(statistics.time_total > 0, statistics.time_exposed / statistics.time_total, 0.0)
+    mdrr = diag.minimum_detectable_relative_risk(share, statistics.events, spec.mdrr_alpha, spec.mdrr_power,
+                                                 spec.mdrr_two_sided)
+    rows = [MdrrRow(covariate_id=int(ids[j]), mdrr=float(mdrr[j]) if math.isfinite(mdrr[j]) else None,
+                    exposed_cases=int(statistics.exposed_cases[j]), events=float(statistics.events[j]),
+                    time_exposed=float(statistics.time_exposed[j]), time_total=float(statistics.time_total[j]),
+                    passed=bool(mdrr[j] <= spec.mdrr_threshold))
+             for j in range(len(ids))]
+    windows = _window_checks(spec, inputs, result, variance, params, ctx)
+    pre_exposure = [windows[covariate] for covariate in spec.pre_exposure_covariates]
+    end_check = windows.get(spec.end_of_observation_covariate) if spec.end_of_observation_covariate is not None \
+        else None
+    stability = _time_stability(spec, ctx) if ctx.has_dataset("cases_dataset_id") else None
+    return SccsDiagnostics(mdrr=rows, pre_exposure=pre_exposure, end_of_observation=end_check,
+                           time_stability=stability)
+
+
+def _window_checks(spec: DiagnosticsSpec, inputs: _FitInputs, result: ccd.FitResult, variance: float,
+                   params: SccsParams, ctx: RunContext) -> dict[int, WindowCheck]:
+    """The pre-exposure and end-of-observation windows against their null bounds, each by its 95% profile-
+    likelihood interval (SelfControlledCaseSeries' logLb95 / logUb95 are Cyclops's profile intervals)."""
+    bounds = {covariate: spec.pre_exposure_null_bounds for covariate in spec.pre_exposure_covariates}
+    field = {covariate: "diagnostics.pre_exposure_covariates" for covariate in spec.pre_exposure_covariates}
+    if spec.end_of_observation_covariate is not None:
+        bounds[spec.end_of_observation_covariate] = spec.end_of_observation_null_bounds
+        field[spec.end_of_observation_covariate] = "diagnostics.end_of_observation_covariate"
+    if not bounds:
+        return {}
+    ids = inputs.data.covariate_ids.tolist()
+    for covariate in bounds:
+        if covariate not in ids:
+            raise ValueError(f"{field[covariate]}: covariateId {covariate} is not a covariate of the fit")
+    prior = inputs.prior.with_variance(variance) if inputs.prior.kind != "none" else inputs.prior
+    options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, "float64")
+    ctx.progress(0.95, f"diagnostics: profile intervals of {len(bounds)} windows")
+    with ctx.stage("diagnostics"):
+        intervals = profile_intervals(inputs.data, prior, result, [ids.index(c) for c in bounds], 0.95, options)
+    checks = {}
+    for covariate, interval in zip(bounds, intervals, strict=True):
+        check = diag.interval_check(interval.estimate, interval.lower, interval.upper, tuple(bounds[covariate]))
+        checks[covariate] = WindowCheck(covariate_id=covariate, ratio=check.ratio, ci_lower=check.lower,
+                                        ci_upper=check.upper, null_bounds=list(bounds[covariate]),
+                                        passed=check.passed)
+    return checks
+
+
+def _time_stability(spec: DiagnosticsSpec, ctx: RunContext) -> TimeStabilityCheck:
+    """checkTimeStabilityAssumption on the person-level tables (days or dates; events outside their case's
+    observation period, or of no listed case, are not counted)."""
+    cases, events = ctx.dataset("cases_dataset_id"), ctx.dataset("events_dataset_id")
+    with ctx.stage("diagnostics"):
+        case_id = _column(cases, "cases", "caseId", integer=True)
+        start = _day_column(cases, "cases", "observationStart")
+        end = _day_column(cases, "cases", "observationEnd")
+        inverted = np.flatnonzero(end < start)
+        if inverted.size:
+            raise ValueError(f"cases.observationEnd precedes observationStart at row {int(inverted[0]) + 1}")
+        if np.unique(case_id).size != case_id.size:
+            raise ValueError("cases.caseId must be unique (one observation period per case)")
+        event_case = _column(events, "events", "caseId", integer=True)
+        event_day = _day_column(events, "events", "day")
+        order = np.argsort(case_id, kind="stable")
+        slot = np.minimum(np.searchsorted(case_id[order], event_case), case_id.size - 1)
+        owner = order[slot]
+        inside = (case_id[owner] == event_case) & (event_day >= start[owner]) & (event_day <= end[owner])
+        counts = np.bincount(owner[inside], minlength=case_id.size).astype(np.float64)
+        monthly = diag.monthly_counts(start, end, counts, event_day[inside])
+        test = diag.time_stability(monthly.observed, monthly.expected, spec.time_stability_max_ratio,
+                                   spec.time_stability_alpha)
+    return TimeStabilityCheck(ratio=None if math.isnan(test.ratio) else test.ratio, p=test.p, passed=test.passed,
+                              max_ratio=spec.time_stability_max_ratio, months=test.months, events=int(inside.sum()))
+
+
+def _profiled_se(interval: ProfileInterval, z: float) -> float:
+    """The standard error a profile interval implies, (upper - lower) / (2 z) as EmpiricalCalibration's hint;
+    infinite for an open interval (such an estimate is left out of the null and not calibrated)."""
+    if interval.lower is None or interval.upper is None:
+        return math.inf
+    return (interval.upper - interval.lower) / (2.0 * z)
+
+
+def _calibrated(params: SccsParams, fitted: SccsResult, profiles: dict[int, ProfileInterval] | None) -> SccsResult:
+    """Empirical calibration (kernels/sccs/calibration.py) of every profiled coefficient from the controls'
+    profile estimates and the standard errors their intervals imply."""
+    spec, level = params.calibration, params.profile.level if params.profile else 0.95
+    assert spec is not None and profiles is not None
+    z = float(stats.norm.ppf((1.0 + level) / 2.0))
+    column_of = {c.covariate_id: j for j, c in enumerate(fitted.coefficients)}
+    positives = {control.covariate_id: math.log(control.true_relative_risk) for control in spec.positive_controls}
+    for field, ids in (("negative_controls", spec.negative_controls), ("positive_controls", list(positives))):
+        unknown = [covariate for covariate in ids if covariate not in column_of]
+        if unknown:
+            raise ValueError(f"calibration.{field}: covariateId {unknown[0]} is not a covariate of the fit")
+    profiled = sorted(covariate for covariate, j in column_of.items() if j in profiles)
+    x = np.array([profiles[column_of[c]].estimate for c in profiled])
+    s = np.array([_profiled_se(profiles[column_of[c]], z) for c in profiled])
+    result = _calibration(x, s, np.isin(profiled, spec.negative_controls),
+                          np.array([positives.get(c, math.nan) for c in profiled]), level)
+    coefficients = list(fitted.coefficients)
+    for covariate, update in zip(profiled, _calibrated_fields(result), strict=True):
+        coefficients[column_of[covariate]] = coefficients[column_of[covariate]].model_copy(update=update)
+    return fitted.model_copy(update={"coefficients": coefficients, "calibration": _calibration_summary(result, level)})
+
+
+def _calibration(log_rr: np.ndarray, se: np.ndarray, negative: np.ndarray, positive_true: np.ndarray,
+                 level: float) -> cal.Calibration:
+    try:
+        return cal.calibrate(log_rr, se, negative, positive_true, level)
+    except ValueError as error:
+        raise ValueError(f"calibration.negative_controls: {error} (estimates with open intervals are left "
+                         "out)") from None
+
+
+def _calibrated_fields(result: cal.Calibration) -> list[dict[str, float | None]]:
+    """The calibrated p, estimate and interval of each estimate, as the result's fields."""
+    return [{
+        "calibrated_p": _finite_or_none(p_value),
+        "calibrated_estimate": _finite_or_none(interval.log_rr),
+        "calibrated_ci_lower": _finite_or_none(interval.lower),
+        "calibrated_ci_upper": _finite_or_none(interval.upper),
+        "relative_incidence_calibrated_ci_lower": _maybe_exp(_finite_or_none(interval.lower)),
+        "relative_incidence_calibrated_ci_upper": _maybe_exp(_finite_or_none(interval.upper)),
+    } for p_value, interval in zip(result.p.tolist(), result.intervals, strict=True)]
+
+
+def _calibration_summary(result: cal.Calibration, level: float) -> CalibrationSummary:
+    model = result.model
+    return CalibrationSummary(
+        null_mean=result.null.mean, null_sd=result.null.sd, negative_controls=result.null.n_controls,
+        positive_controls=result.positive_controls,
+        error_model=[model.mean_intercept, model.mean_slope, model.sd_intercept, model.sd_slope], level=level,
+    )
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def _maybe_exp(value: float | None) -> float | None:
@@ -275,7 +452,7 @@ def _cv_curve(cv_result: crossval.CvResult) -> list[CvPoint]:
 def _fit_result(
     params: SccsParams, inputs: _FitInputs, variance: float, result: ccd.FitResult,
     cv_result: crossval.CvResult | None, boot_result: boot.BootstrapResult | None,
-    profiles: dict[int, ProfileInterval] | None = None,
+    profiles: dict[int, ProfileInterval] | None = None, diagnostics: SccsDiagnostics | None = None,
 ) -> SccsResult:
     data, prior = inputs.data, inputs.prior
     cv_spec, boot_spec = params.cross_validation, params.bootstrap
@@ -301,6 +478,7 @@ def _fit_result(
         bootstrap_replicates=boot_spec.replicates if boot_spec else None,
         bootstrap_seed=boot_spec.seed if boot_spec else None,
         bootstrap_converged=int(boot_result.converged.sum()) if boot_result else None,
+        diagnostics=diagnostics,
     )
 
 
@@ -324,8 +502,71 @@ def run_fit(params: SccsParams, ctx: RunContext) -> SccsResult:
     if params.profile is not None:
         with ctx.stage("profile"):
             profiles = _profile(params, inputs, result, variance, ctx)
+    diagnostics = _diagnostics(params, inputs, result, variance, ctx) if params.diagnostics is not None else None
     ctx.save_artifact("coefficients", pd.DataFrame({"covariateId": inputs.data.covariate_ids, "estimate": result.beta}))
-    return _fit_result(params, inputs, variance, result, cv_result, boot_result, profiles)
+    fitted = _fit_result(params, inputs, variance, result, cv_result, boot_result, profiles, diagnostics)
+    return _calibrated(params, fitted, profiles) if params.calibration is not None else fitted
+
+
+# -- many single-exposure analyses -----------------------------------------------------------------------
+
+def run_analyses(params: SccsAnalysesParams, ctx: RunContext) -> SccsAnalysesResult:
+    """The ``sccs_analyses`` job: every exposure alone on one outcome's tables, one batch on the job's device
+    (kernels/sccs/analyses.py), then the MDRRs and, with controls, empirical calibration."""
+    ctx.progress(0.0, "loading tables")
+    built, names = _load_tables(ctx)
+    data = built.data
+    ids = data.covariate_ids.tolist()
+    wanted = ids if params.exposures is None else params.exposures
+    unknown = sorted(set(wanted) - set(ids))
+    if unknown:
+        raise ValueError(f"exposures: covariateId {unknown[0]} is not a covariate of the tables "
+                         f"(unknown: {unknown[:10]})")
+    columns = np.array([ids.index(covariate) for covariate in wanted], dtype=np.int64)
+    ctx.progress(0.2, f"fitting {columns.size} analyses")
+    with ctx.stage("analyses"):
+        fits = single_covariate_fits(data, columns, params.level)
+    with ctx.stage("diagnostics"):
+        statistics = diag.exposure_statistics(data)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(statistics.time_total > 0, statistics.time_exposed / statistics.time_total, 0.0)
+        mdrr = diag.minimum_detectable_relative_risk(share[columns], statistics.events[columns])
+    z = float(stats.norm.ppf((1.0 + params.level) / 2.0))
+    se = (fits.upper - fits.lower) / (2.0 * z)  # NaN for an open interval: not calibrated, not in the null
+    positives = {control.covariate_id: control.true_relative_risk for control in params.positive_controls}
+    rows = [_analysis_row(int(ids[column]), names[column], a, fits, statistics, int(column), mdrr[a], params,
+                          positives) for a, column in enumerate(columns.tolist())]
+    summary = None
+    if params.negative_controls:
+        with ctx.stage("calibration"):
+            result = _calibration(np.where(np.isfinite(fits.estimate), fits.estimate, np.nan), se,
+                                  np.isin(wanted, params.negative_controls),
+                                  np.array([math.log(positives[c]) if c in positives else math.nan for c in wanted]),
+                                  params.level)
+        rows = [row.model_copy(update=update) for row, update in zip(rows, _calibrated_fields(result), strict=True)]
+        summary = _calibration_summary(result, params.level)
+    ctx.save_artifact("analyses", pd.DataFrame([row.model_dump() for row in rows]))
+    return SccsAnalysesResult(analyses=rows, calibration=summary, level=params.level, n_cases=data.n_cases,
+                              n_eras=data.n_eras, dropped_cases=built.dropped_cases)
+
+
+def _analysis_row(covariate_id: int, name: str | None, a: int, fits: SingleFits,
+                  statistics: diag.ExposureStatistics, column: int, mdrr: float, params: SccsAnalysesParams,
+                  positives: dict[int, float]) -> AnalysisRow:
+    estimate = float(fits.estimate[a])
+    lower, upper = _finite_or_none(float(fits.lower[a])), _finite_or_none(float(fits.upper[a]))
+    control = "negative" if covariate_id in params.negative_controls else (
+        "positive" if covariate_id in positives else None)
+    return AnalysisRow(
+        covariate_id=covariate_id, name=name, control=control, true_relative_risk=positives.get(covariate_id),
+        estimate=_finite_or_none(estimate),
+        relative_incidence=0.0 if estimate == -math.inf else _finite_or_none(_relative_incidence(estimate)),
+        ci_lower=lower, ci_upper=upper,
+        relative_incidence_ci_lower=_maybe_exp(lower), relative_incidence_ci_upper=_maybe_exp(upper),
+        p=float(fits.p_value[a]), log_likelihood_ratio=float(fits.log_likelihood_ratio[a]),
+        exposed_cases=int(statistics.exposed_cases[column]), events=float(statistics.events[column]),
+        mdrr=_finite_or_none(float(mdrr)),
+    )
 
 
 # -- person-level data to eras ---------------------------------------------------------------------------
@@ -370,6 +611,70 @@ def _events_inside(case_id: np.ndarray, obs_start: np.ndarray, obs_end: np.ndarr
     return int(np.sum((event_day >= obs_start[owner]) & (event_day <= obs_end[owner])))
 
 
+def _study_design(params: SccsErasParams) -> study.Design:
+    """The kernel's description of an ``sccs_eras`` spec that uses exposures, restrictions or time splines."""
+    exposures = None
+    if params.exposures is not None:
+        exposures = tuple(
+            study.Exposure(
+                drug_ids=tuple(exposure.drug_ids),
+                windows=tuple(study.Window(w.start, w.start_anchor, w.end, w.end_anchor, covariate_id,
+                                           f"{exposure.describe()}: {w.describe()}")
+                              for w, covariate_id in zip(exposure.windows, ids, strict=True)),
+                first_occurrence_only=exposure.first_occurrence_only,
+            )
+            for exposure, ids in zip(params.exposures, params.window_covariate_ids(), strict=True)
+        )
+    population = params.study_population
+    return study.Design(
+        exposures=exposures,
+        legacy=study.LegacyWindow(params.risk_window_start, params.risk_window_end, params.start_anchor,
+                                  params.end_anchor),
+        population=study.Population() if population is None else study.Population(
+            population.min_age_years, population.max_age_years, population.min_observation_days),
+        age=None if params.age is None else study.Spline(
+            params.age.knots if isinstance(params.age.knots, int) else tuple(params.age.knots), params.age.degree),
+        season=None if params.season is None else study.Spline(
+            params.season.knots if isinstance(params.season.knots, int) else tuple(params.season.knots),
+            params.season.degree),
+        calendar_time=None if params.calendar_time is None else study.Spline(
+            params.calendar_time.knots if isinstance(params.calendar_time.knots, int) else tuple(
+                float(params.calendar_time.month_number(k)) for k in params.calendar_time.knots),
+            params.calendar_time.degree),
+    )
+
+
+def _uses_study_design(params: SccsErasParams) -> bool:
+    return any(getattr(params, name) is not None for name in ("exposures", "study_population", "age", "season",
+                                                              "calendar_time"))
+
+
+def _age_column(cases: pd.DataFrame) -> np.ndarray:
+    """``ageAtObsStart`` in whole days, not negative (a bad row is named, data rows counted from 1)."""
+    age = _column(cases, "cases", AGE_COLUMN, integer=True)
+    negative = np.flatnonzero(age < 0)
+    if negative.size:
+        raise ValueError(f"cases.{AGE_COLUMN} must be >= 0 (days of age): row {int(negative[0]) + 1} holds "
+                         f"{int(age[negative[0]])}")
+    return age
+
+
+def _save_tables(ctx: RunContext, tables: IntervalTables) -> None:
+    ctx.save_artifact("outcomes", pd.DataFrame({
+        "rowId": tables.row_id, "stratumId": tables.stratum_id, "time": tables.time, "y": tables.y.astype(np.int64),
+    }))
+    ctx.save_artifact("covariates", pd.DataFrame({
+        "rowId": tables.cov_row_id, "covariateId": tables.cov_id, "covariateValue": tables.cov_value,
+    }))
+
+
+def _cases_with_events(tables: IntervalTables) -> int:
+    if tables.row_id.size == 0:
+        return 0
+    events_per_case = np.bincount(np.unique(tables.stratum_id, return_inverse=True)[1], weights=tables.y)
+    return int(np.sum(events_per_case > 0))
+
+
 def run_eras(params: SccsErasParams, ctx: RunContext) -> SccsErasResult:
     """The ``sccs_eras`` job: the Cyclops tables of person-level data, saved as artifacts, and their counts."""
     ctx.progress(0.0, "building eras")
@@ -381,29 +686,51 @@ def run_eras(params: SccsErasParams, ctx: RunContext) -> SccsErasResult:
         case_id = _column(cases, "cases", "caseId", integer=True)
         event_case = _column(events, "events", "caseId", integer=True)
         event_day = _day_column(events, "events", "day")
-        tables = eras_from_person_data(
+        inputs = study.PersonInputs(
             case_id, obs_start, obs_end, event_case, event_day,
             _column(exposures, "exposures", "caseId", integer=True),
             _column(exposures, "exposures", "drugId", integer=True),
             _day_column(exposures, "exposures", "start"), _day_column(exposures, "exposures", "end"),
-            params.risk_window_start, params.risk_window_end, params.end_anchor, params.start_anchor,
+            _age_column(cases) if params.needs_age() else None,
         )
-    inside = _events_inside(case_id, obs_start, obs_end, event_case, event_day)
-    ctx.save_artifact("outcomes", pd.DataFrame({
-        "rowId": tables.row_id, "stratumId": tables.stratum_id, "time": tables.time, "y": tables.y.astype(np.int64),
-    }))
-    ctx.save_artifact("covariates", pd.DataFrame({
-        "rowId": tables.cov_row_id, "covariateId": tables.cov_id, "covariateValue": tables.cov_value,
-    }))
-    events_per_case = np.bincount(np.unique(tables.stratum_id, return_inverse=True)[1], weights=tables.y)
+        if not _uses_study_design(params):  # the original one-window spec: its tables exactly as before
+            tables = eras_from_person_data(
+                inputs.case_id, inputs.observation_start, inputs.observation_end, inputs.event_case,
+                inputs.event_day, inputs.exposure_case, inputs.exposure_drug, inputs.exposure_start,
+                inputs.exposure_end, params.risk_window_start, params.risk_window_end, params.end_anchor,
+                params.start_anchor,
+            )
+            built = None
+        else:
+            built = study.study_eras(inputs, _study_design(params))
+            tables = built.tables
+    _save_tables(ctx, tables)
+    if built is None:
+        inside = _events_inside(case_id, obs_start, obs_end, event_case, event_day)
+        return SccsErasResult(
+            n_cases=int(case_id.size),
+            n_cases_with_events=_cases_with_events(tables),
+            n_eras=int(tables.row_id.size),
+            n_covariate_rows=int(tables.cov_row_id.size),
+            n_drugs=int(np.unique(tables.cov_id).size),
+            events_in_observation=inside,
+            events_outside_observation=int(event_case.size - inside),
+        )
+    ctx.save_artifact("names", pd.DataFrame({"covariateId": [c.covariate_id for c in built.covariates],
+                                             "covariateName": [c.name for c in built.covariates]}))
+    window_ids = [c.covariate_id for c in built.covariates if c.source in ("exposure_window", "drug")]
     return SccsErasResult(
         n_cases=int(case_id.size),
-        n_cases_with_events=int(np.sum(events_per_case > 0)),
+        n_cases_with_events=_cases_with_events(tables),
         n_eras=int(tables.row_id.size),
         n_covariate_rows=int(tables.cov_row_id.size),
-        n_drugs=int(np.unique(tables.cov_id).size),
-        events_in_observation=inside,
-        events_outside_observation=int(event_case.size - inside),
+        n_drugs=int(np.isin(np.unique(tables.cov_id), window_ids).sum()),
+        events_in_observation=built.events_inside,
+        events_outside_observation=int(event_case.size - built.events_inside),
+        covariates=[EraCovariate(covariate_id=c.covariate_id, name=c.name, source=c.source)
+                    for c in built.covariates],
+        cases_removed=built.cases_removed,
+        knots=built.knots or None,
     )
 
 
@@ -478,15 +805,22 @@ def warm_up_fit() -> None:
         run_fit(params, local_context(xp=xp, datasets=frames))
 
 
+def _example_analyses_params() -> dict:
+    """The sccs_analyses example: the fit example's tables, every drug alone, drugs 11-30 as negative controls."""
+    return {"outcomes_dataset_id": "<outcomes dataset id>", "covariates_dataset_id": "<covariates dataset id>",
+            "names_dataset_id": "<names dataset id>", "negative_controls": list(range(11, 31)), "level": 0.95}
+
+
 KINDS = [
     JobKind(
         name="sccs_fit",
         params_model=SccsParams,
         result_model=SccsResult,
         run=run_fit,
-        dataset_fields=("outcomes_dataset_id", "covariates_dataset_id", "names_dataset_id"),
+        dataset_fields=("outcomes_dataset_id", "covariates_dataset_id", "names_dataset_id", "cases_dataset_id",
+                        "events_dataset_id"),
         summary="Bayesian self-controlled case series (Cyclops tables): CCD MAP fit, CV of the prior variance, "
-        "bootstrap intervals",
+        "bootstrap and profile-likelihood intervals, SCCS diagnostics, empirical calibration from control covariates",
         example=KindExample(
             {
                 "outcomes_dataset_id": "<outcomes dataset id>",
@@ -500,13 +834,24 @@ KINDS = [
         ),
     ),
     JobKind(
+        name="sccs_analyses",
+        params_model=SccsAnalysesParams,
+        result_model=SccsAnalysesResult,
+        run=run_analyses,
+        dataset_fields=("outcomes_dataset_id", "covariates_dataset_id", "names_dataset_id"),
+        summary="Many SCCS analyses of one outcome's tables (each exposure alone, one batch on the GPU): "
+        "conditional MLE, likelihood-ratio intervals and p-values, MDRR, empirical calibration from controls",
+        example=KindExample(_example_analyses_params(), datasets=_example_fit_tables),
+    ),
+    JobKind(
         name="sccs_eras",
         params_model=SccsErasParams,
         result_model=SccsErasResult,
         run=run_eras,
         dataset_fields=("cases_dataset_id", "events_dataset_id", "exposures_dataset_id"),
         summary="Person-level observation periods, events and exposures → the SCCS interval tables "
-        "(outcomes, covariates) as artifacts, ready for sccs_fit",
+        "(outcomes, covariates, names) as artifacts, ready for sccs_fit: several exposures with their own risk "
+        "windows, age and observation-time restrictions, age, season and calendar-time splines",
         example=KindExample(
             {
                 "cases_dataset_id": "<cases dataset id>",

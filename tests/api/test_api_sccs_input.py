@@ -53,3 +53,25 @@ def test_eras_tables_missing_columns_are_named(client, alice, tables) -> None:
     assert [error["field"] for error in problem["errors"]] == ["params.events_dataset_id"]
     assert "lacks column(s) 'day'" in problem["errors"][0]["message"]
     assert "has caseId, date" in problem["errors"][0]["message"]
+
+
+def test_eras_study_design_errors_are_422_naming_the_field(client, alice, tables) -> None:
+    events = _upload(client, alice, "events_day.csv", "caseId,day\n1,2020-03-01\n")
+    base = {"cases_dataset_id": tables["cases"], "events_dataset_id": events,
+            "exposures_dataset_id": tables["exposures"]}
+    overlapping = {**base, "exposures": [{"drug_ids": [7], "windows": [
+        {"label": "risk", "start": 0, "end": 30, "end_anchor": "exposure_start"},
+        {"label": "washout", "start": 20, "start_anchor": "exposure_start", "end": 60}]}]}
+    problem = assert_problem(client.post("/v1/jobs", json={"kind": "sccs_eras", "params": overlapping},
+                                         headers=alice), 422)
+    fields = [error["field"] for error in problem["errors"]]
+    assert fields == ["params.exposures.0.windows"], problem
+    assert "windows 0 and 1 of one exposure overlap" in problem["errors"][0]["message"]
+    # The age spline needs the cases table's ageAtObsStart column: checked against the stored schema.
+    aged = {**base, "exposures": [{"drug_ids": [7]}], "age": {"knots": [3650, 7300]}}
+    problem = assert_problem(client.post("/v1/jobs", json={"kind": "sccs_eras", "params": aged}, headers=alice), 422)
+    assert [error["field"] for error in problem["errors"]] == ["params.cases_dataset_id"]
+    assert "lacks column(s) 'ageAtObsStart'" in problem["errors"][0]["message"]
+    ok = {**base, "exposures": [{"drug_ids": [7], "windows": [{"start": -30, "end": -1, "end_anchor": "exposure_start"},
+                                                              {}]}], "season": {"knots": 4}}
+    assert client.post("/v1/jobs", json={"kind": "sccs_eras", "params": ok}, headers=alice).status_code == 202

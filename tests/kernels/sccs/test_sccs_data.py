@@ -126,7 +126,7 @@ def test_design_matrix_is_built_once_and_is_x() -> None:
     np.testing.assert_array_equal(design.toarray(), [[1, 0], [1, 2.5], [0, 0], [0, 1]])
 
 
-def _person_data(**window: object):
+def person_data(**window: object):
     return eras_from_person_data(
         case_id=np.array([1, 2, 3]),
         observation_start=np.array([0, 100, 0]),
@@ -156,7 +156,7 @@ def test_raw_to_eras_hand_worked_window_offsets() -> None:
     # Case 1 pieces: [0,10] none, [11,15] {7}, [16,21] {7,8}, [22,31] {8}, [32,99] none (merged with [0,10]).
     # Events 5 and 50 -> none; 12 -> {7}; 16, 16 -> {7,8}; 150 is outside the observation period.
     # Case 2: [100,107] {7} with event 101; [108,130] none with event 120. Case 3: one baseline era.
-    tables = _person_data(risk_window_start=1, risk_window_end=2)
+    tables = person_data(risk_window_start=1, risk_window_end=2)
     assert _eras(tables) == [
         (1, 79, 2, ()), (1, 5, 1, (7,)), (1, 6, 2, (7, 8)), (1, 10, 0, (8,)),
         (2, 8, 1, (7,)), (2, 23, 1, ()),
@@ -167,7 +167,7 @@ def test_raw_to_eras_hand_worked_window_offsets() -> None:
 def test_raw_to_eras_anchor_at_exposure_start() -> None:
     # Windows [start + 0, start + 3]: case 1 drug 7 [10, 13], drug 8 [15, 18]; case 2 drug 7 [90, 93] (outside).
     # Case 1 events: 5, 50 baseline; 12 drug 7; 16, 16 drug 8.
-    tables = _person_data(risk_window_start=0, risk_window_end=3, end_anchor="exposure_start")
+    tables = person_data(risk_window_start=0, risk_window_end=3, end_anchor="exposure_start")
     assert _eras(tables)[:3] == [(1, 92, 2, ()), (1, 4, 1, (7,)), (1, 4, 2, (8,))]
     assert _eras(tables)[3:] == [(2, 31, 2, ()), (3, 10, 0, ())]
 
@@ -176,7 +176,7 @@ def test_raw_to_eras_anchor_window_start_at_exposure_end() -> None:
     # SCCS' startAnchor = "era end": windows [end + 1, end + 10]: case 1 drug 7 [20, 29], drug 8 [30, 39];
     # case 2 drug 7 [106, 115]. Case 1: [0,19] + [40,99] none (events 5, 12, 16, 16, 50), [20,29] {7},
     # [30,39] {8}; case 2: [100,105] + [116,130] none (events 101, 120), [106,115] {7}; case 3 baseline.
-    tables = _person_data(risk_window_start=1, risk_window_end=10, start_anchor="exposure_end")
+    tables = person_data(risk_window_start=1, risk_window_end=10, start_anchor="exposure_end")
     assert _eras(tables) == [
         (1, 80, 5, ()), (1, 10, 0, (7,)), (1, 10, 0, (8,)),
         (2, 21, 2, ()), (2, 10, 0, (7,)),
@@ -185,17 +185,17 @@ def test_raw_to_eras_anchor_window_start_at_exposure_end() -> None:
     # Both anchors at the exposure start: windows [start - 2, start + 1], drug 7 [8, 11], drug 8 [13, 16]
     # (events 5, 12, 50 baseline, 16, 16 drug 8);
     # case 2's window [88, 91] lies before its observation period.
-    tables = _person_data(risk_window_start=-2, risk_window_end=1, end_anchor="exposure_start")
+    tables = person_data(risk_window_start=-2, risk_window_end=1, end_anchor="exposure_start")
     assert _eras(tables) == [
         (1, 92, 3, ()), (1, 4, 0, (7,)), (1, 4, 2, (8,)),
         (2, 31, 2, ()),
         (3, 10, 0, ()),
     ]
     # A window that ends before it starts (start anchored at the end, end at the start) is empty.
-    tables = _person_data(risk_window_start=1, end_anchor="exposure_start", start_anchor="exposure_end")
+    tables = person_data(risk_window_start=1, end_anchor="exposure_start", start_anchor="exposure_end")
     assert _eras(tables) == [(1, 100, 5, ()), (2, 31, 2, ()), (3, 10, 0, ())]
     with pytest.raises(ValueError, match="start_anchor"):
-        _person_data(start_anchor="era_start")
+        person_data(start_anchor="era_start")
 
 
 def _random_person_data(seed: int) -> dict[str, np.ndarray]:
@@ -267,7 +267,7 @@ def test_hash_collisions_are_detected_and_redrawn(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(data_module.rng, "philox4x32", colliding)
     # The hand-worked case (case 1 has the one-drug sets {7} and {8}).
-    assert _eras(_person_data(risk_window_start=1, risk_window_end=2)) == [
+    assert _eras(person_data(risk_window_start=1, risk_window_end=2)) == [
         (1, 79, 2, ()), (1, 5, 1, (7,)), (1, 6, 2, (7, 8)), (1, 10, 0, (8,)),
         (2, 8, 1, (7,)), (2, 23, 1, ()),
         (3, 10, 0, ()),
@@ -291,7 +291,7 @@ def test_raw_to_eras_without_exposures_or_events() -> None:
 
 
 def test_raw_to_eras_feeds_the_builder_and_drops_the_eventless_case() -> None:
-    tables = _person_data(risk_window_start=1, risk_window_end=2)
+    tables = person_data(risk_window_start=1, risk_window_end=2)
     built = build_from_tables(tables.row_id, tables.stratum_id, tables.time, tables.y, tables.cov_row_id,
                               tables.cov_id, tables.cov_value)
     assert built.dropped_cases == 1 and built.data.n_cases == 2 and built.data.n_eras == 6

@@ -61,6 +61,24 @@ def test_profile_interval_ends_match_a_brute_force_scan(prior_kind: str) -> None
             assert interval.upper - interval.lower == pytest.approx(2 * half, rel=0.1)
 
 
+def test_the_recorded_profile_points_are_the_profile() -> None:
+    # what the profile plot draws: every point the search evaluated is the brute-force profile there, the
+    # maximum is at the estimate, and the ends lie between recorded points on both sides of the threshold
+    data = _data()
+    prior = Prior("normal", 0.5, np.ones(4, dtype=bool))
+    fit = ccd.fit(data, prior, ccd.FitOptions(tolerance=1e-10, convergence="gradient"))
+    (interval,) = profile_intervals(data, prior, fit, [1])
+    b, p = (np.array(values) for values in zip(*interval.points, strict=True))
+    assert np.all(np.diff(b) > 0) and b.size == interval.evaluations + 1
+    assert p.max() == interval.maximum == p[np.flatnonzero(b == interval.estimate)[0]]
+    for value, profile in list(zip(b, p, strict=True))[:: max(1, b.size // 6)]:
+        assert profile == pytest.approx(_brute_profile(data, prior, 1, value, fit.beta), abs=1e-6)
+    assert interval.threshold == pytest.approx(interval.maximum - 0.5 * stats.chi2.ppf(0.95, 1))
+    inside = (b >= interval.lower) & (b <= interval.upper)
+    assert np.all(p[inside] >= interval.threshold - 1e-6) and np.all(p[~inside] <= interval.threshold + 1e-6)
+    assert np.any(b < interval.lower) and np.any(b > interval.upper)
+
+
 def _observed_information(data, beta: np.ndarray) -> np.ndarray:
     step, n = 1e-5, beta.size
     info = np.empty((n, n))
@@ -114,8 +132,13 @@ def test_the_fit_job_reports_profile_intervals_on_both_scales() -> None:
 
     frames = _frames()
     params = _params(prior={"type": "normal", "variance": 1.0}, profile={"covariates": [2, 5]})
-    result = run_fit(params, frames, LocalProgress())
+    progress = LocalProgress()
+    result = run_fit(params, frames, progress)
     assert "profile" in result["timings"]
+    curves = progress.artifacts["profile_curves"]
+    assert sorted(set(curves["covariateId"])) == [2, 5]
+    assert curves["deviance"].min() == pytest.approx(0.0, abs=1e-9)
+    assert curves["criticalDeviance"].iloc[0] == pytest.approx(stats.chi2.ppf(0.95, 1))
     for c in result["coefficients"]:
         if c["covariate_id"] in (2, 5):
             assert c["profile_ci_lower"] < c["estimate"] < c["profile_ci_upper"]

@@ -17,6 +17,18 @@ sup_norm``.
     python3 bench/dualcontrol_bench.py --device gpu --sizes 64 128 --policies optimal --acceleration none \
         --criterion sup_norm
     python3 bench/dualcontrol_bench.py --device cpu --sizes 32 --policies inert myopic optimal
+
+Policy evaluation (``--evaluation``): ``sweeps`` is plain V <- T_u V (the reference solver), ``anderson`` the
+Anderson-mixed sweeps of kernels/dualcontrol/anderson.py; given both, each (size, policy, acceleration) is
+solved with each in turn and the rows after the first say how far their V (and, optimal, u) lie from the first
+one's (``dv_rel``: max |V - V_first| / max |V_first|; ``du_max`` and ``du_share``: the largest control gap and
+the share of grid points whose control moved by more than 1e-3). ``--fixed-point TOL`` first solves each case to
+TOL (Anderson, 300 sweeps per evaluation) and adds each row's distance from that fixed point V*: ``dv_star`` =
+max |V - V*| / max |V*| and, optimal, ``q_subopt`` = max (Q(u; V*) - V*) / max |V*| (how far the row's controls
+are from optimal under V*, whatever minimum of Q they picked). The H100 timing of issue 13's 256^3 target:
+
+    timeout 150 python3 bench/dualcontrol_bench.py --device gpu --sizes 256 --policies optimal myopic inert \
+        --evaluation sweeps anderson --fixed-point 1e-8 --json "$OUT/dc_256_anderson.json"
 """
 
 from __future__ import annotations
@@ -33,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import cuda
 from kernels.backend import device_label, get_namespace, synchronize, to_host
-from kernels.dualcontrol.bellman import Interpolation
+from kernels.dualcontrol.bellman import Interpolation, make_operator
 from kernels.dualcontrol.grid import interpolate, make_state_grid, x_curvature
 from kernels.dualcontrol.model import ModelParams
-from kernels.dualcontrol.solve import Criterion, SolveSettings, solve
+from kernels.dualcontrol.solve import Criterion, Evaluation, Solution, SolveSettings, solve
 
 # spec defaults (kernels/dualcontrol/spec.py)
 MODEL = ModelParams(alpha=0.0, gamma=0.7, sigma_eps=1.0, delta=0.95, omega=1.0, xbar=1.0, ubar=0.0)
@@ -60,6 +72,53 @@ RULE_TEXT = {
 CRITERIA = ("macqueen_porteus", "sup_norm")
 
 
+def fixed_point(xp, n: int, policy: str, nodes: int, dtype, interpolation: Interpolation, tolerance: float):
+    """The case solved to ``tolerance`` with Anderson evaluation (300 sweeps per evaluation at most)."""
+    settings = SolveSettings(
+        policy,  # type: ignore[arg-type]
+        tolerance,
+        max_iterations=60 if policy == "optimal" else 3000,  # improvements or sweeps per level: a bound in time
+        evaluation_sweeps=300,
+        coarse_to_fine=True,
+        coarsest_size=16,
+        quadrature_nodes=nodes,
+        dtype=dtype,
+        interpolation=interpolation,
+        evaluation="anderson",
+    )
+    solution = solve(MODEL, grid_of(n), settings, xp)
+    if not solution.converged:
+        raise RuntimeError(f"the fixed point of n={n} {policy} did not converge to {tolerance}")
+    return solution
+
+
+def distance_to_fixed_point(
+    xp, star: Solution, value: np.ndarray, control: np.ndarray, nodes: int, dtype, interpolation
+):
+    """(dv_star, q_subopt) of a solved (V, u) against the fixed point's V* (see the module text)."""
+    star_value = to_host(star.value)
+    scale = float(np.abs(star_value).max())
+    operator = make_operator(MODEL, star.grid, nodes, xp, dtype, interpolation=interpolation)
+    q = to_host(operator.evaluate(star.value, xp.asarray(control, dtype=dtype)))
+    return float(np.abs(value - star_value).max() / scale), float((q - star_value).max() / scale)
+
+
+def add_fixed_point_distances(xp, n: int, policy: str, case: list, args: argparse.Namespace, dtype) -> None:
+    """Solve the case to ``--fixed-point`` and add ``dv_star`` / ``q_subopt`` to each of its rows."""
+    start = time.perf_counter()
+    try:
+        star = fixed_point(xp, n, policy, args.nodes, dtype, args.interpolation, args.fixed_point)
+    except RuntimeError as error:
+        print(f"no fixed point for n={n} {policy}: {error}", flush=True)
+        return
+    print(f"fixed point n={n} {policy} to {args.fixed_point}: {time.perf_counter() - start:.2f} s", flush=True)
+    for row, (value, control) in case:
+        row["dv_star"], row["q_subopt"] = distance_to_fixed_point(
+            xp, star, value, control, args.nodes, dtype, args.interpolation
+        )
+        print(json.dumps({k: row[k] for k in ("n", "policy", "evaluation", "dv_star", "q_subopt")}), flush=True)
+
+
 def run_one(
     xp,
     n: int,
@@ -70,7 +129,11 @@ def run_one(
     dtype,
     criterion: Criterion,
     interpolation: Interpolation = "quadratic",
-) -> dict:
+    evaluation: Evaluation = "sweeps",
+    anderson_memory: int = 8,
+    first: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[dict, tuple[np.ndarray, np.ndarray]]:
+    """One solve's row, and its (V, u) on the host for the rows that compare with it (``first``)."""
     grid = grid_of(n)
     sweeps, coarse_to_fine = VARIANTS[variant]
     settings = SolveSettings(
@@ -84,6 +147,8 @@ def run_one(
         quadrature_nodes=nodes,
         dtype=dtype,
         interpolation=interpolation,
+        evaluation=evaluation,
+        anderson_memory=anderson_memory,
     )
     synchronize(xp)
     start = time.perf_counter()
@@ -94,7 +159,8 @@ def run_one(
     curvature = x_curvature(value, grid.x.nodes(), np) if interpolation == "quadratic" else None
     baseline = MODEL.inert_coefficients() if interpolation == "residual" else None
     at = interpolate(value, grid, grid.node_arrays(np), *REPORT_STATES.T, np, baseline, curvature)
-    return {
+    control = to_host(solution.policy)
+    row = {
         "n": n,
         "policy": policy,
         "acceleration": variant if policy == "optimal" else ("c2f" if coarse_to_fine else "none"),
@@ -103,6 +169,7 @@ def run_one(
         "nodes": nodes,
         "precision": np.dtype(dtype).name,
         "interpolation": interpolation,
+        "evaluation": evaluation,
         "seconds": round(seconds, 3),
         "converged": solution.converged,
         "iterations": solution.iterations,
@@ -112,6 +179,12 @@ def run_one(
         ],
         "values_at_states": [round(float(v), 6) for v in at],
     }
+    if first is not None:
+        scale = float(np.abs(first[0]).max())
+        row["dv_rel"] = float(np.abs(value - first[0]).max() / scale)
+        gap = np.abs(control - first[1])
+        row["du_max"], row["du_share"] = float(gap.max()), float(np.mean(gap > 1e-3))
+    return row, (value, control)
 
 
 def main() -> None:
@@ -141,6 +214,22 @@ def main() -> None:
         default="quadratic",
         help="the job's default is quadratic (trilinear plus the x curvature term: 8 more gathers per node)",
     )
+    parser.add_argument(
+        "--evaluation",
+        nargs="+",
+        choices=["sweeps", "anderson"],
+        default=["sweeps"],
+        help="policy evaluation: plain sweeps (the reference) and/or Anderson-mixed sweeps; rows after the "
+        "first of a (size, policy, acceleration) report their distance from it",
+    )
+    parser.add_argument("--anderson-memory", type=int, default=8)
+    parser.add_argument(
+        "--fixed-point",
+        type=float,
+        default=None,
+        metavar="TOL",
+        help="also solve each case to TOL and report every row's distance from that fixed point",
+    )
     parser.add_argument("--precision", choices=["float64", "float32"], default="float64")
     parser.add_argument("--max-iterations", type=int, default=2000)
     parser.add_argument("--budget", type=float, default=float("inf"), help="skip rows once this many s are spent")
@@ -159,7 +248,8 @@ def main() -> None:
         modules = cuda.warm_up()  # the worker's start-up compile of every declared variant
         print(f"warm-up: {modules} CUDA modules in {time.perf_counter() - start:.2f} s", flush=True)
         for policy in ("inert", "myopic", "optimal"):  # CuPy's own kernels (reductions, interpolation)
-            run_one(xp, 32, policy, "full", 4, 3, dtype, args.criterion, args.interpolation)
+            for evaluation in args.evaluation:
+                run_one(xp, 32, policy, "full", 4, 3, dtype, args.criterion, args.interpolation, evaluation)
     rows, spent = [], 0.0
     for n in args.sizes:
         for policy in args.policies:
@@ -169,26 +259,51 @@ def main() -> None:
                 if effective in done:
                     continue  # inert/myopic: mpi == none and full == c2f
                 done.add(effective)
-                if spent > args.budget:
-                    print(f"skipped n={n} {policy} {variant}: budget spent", flush=True)
-                    continue
-                row = run_one(
-                    xp, n, policy, variant, args.nodes, args.max_iterations, dtype, args.criterion, args.interpolation
-                )
-                spent += row["seconds"]
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                first = None
+                case: list[tuple[dict, tuple[np.ndarray, np.ndarray]]] = []
+                for evaluation in args.evaluation:
+                    if spent > args.budget:
+                        print(f"skipped n={n} {policy} {variant} {evaluation}: budget spent", flush=True)
+                        continue
+                    row, solved = run_one(
+                        xp,
+                        n,
+                        policy,
+                        variant,
+                        args.nodes,
+                        args.max_iterations,
+                        dtype,
+                        args.criterion,
+                        args.interpolation,
+                        evaluation,
+                        args.anderson_memory,
+                        first,
+                    )
+                    first = first or solved
+                    spent += row["seconds"]
+                    rows.append(row)
+                    case.append((row, solved))
+                    print(json.dumps(row), flush=True)
+                if args.fixed_point is not None and case:  # after the timed rows: a failure here loses none
+                    add_fixed_point_distances(xp, n, policy, case, args, dtype)
+                write_summary(args.json, xp, args.criterion, rows)  # after every case: a timeout keeps the rest
     print(f"\nstopping rule: {args.criterion}")
-    header = f"{'n^3':>6} {'policy':>8} {'accel':>5} {'rule':>16} {'seconds':>9} {'iters':>6} {'sweeps':>6} conv"
-    print(f"{header}  V(states)")
+    header = f"{'n^3':>6} {'policy':>8} {'accel':>5} {'eval':>8} {'rule':>16} {'seconds':>9} {'iters':>6} {'sweeps':>6}"
+    print(f"{header}  conv  dv_rel   du_share dv_star  q_subopt V(states)")
     for r in rows:
+        gaps = f"{r['dv_rel']:.1e} {r['du_share']:.1e}" if "dv_rel" in r else f"{'-':>7} {'-':>7}"
+        gaps += f" {r['dv_star']:.1e} {r['q_subopt']:.1e}" if "dv_star" in r else f" {'-':>7} {'-':>7}"
         print(
-            f"{r['n']:>6} {r['policy']:>8} {r['acceleration']:>5} {r['criterion']:>16} {r['seconds']:>9.3f} "
-            f"{r['iterations']:>6} {r['evaluation_sweeps']:>6} {r['converged']!s:>5} {r['values_at_states']}"
+            f"{r['n']:>6} {r['policy']:>8} {r['acceleration']:>5} {r['evaluation']:>8} {r['criterion']:>16} "
+            f"{r['seconds']:>9.3f} {r['iterations']:>6} {r['evaluation_sweeps']:>6} {r['converged']!s:>5} {gaps} "
+            f"{r['values_at_states']}"
         )
-    if args.json:
-        summary = {"device": device_label(xp), "criterion": args.criterion, "rows": rows}
-        args.json.write_text(json.dumps(summary, indent=1))
+    write_summary(args.json, xp, args.criterion, rows)
+
+
+def write_summary(path: Path | None, xp, criterion: str, rows: list[dict]) -> None:
+    if path is not None:
+        path.write_text(json.dumps({"device": device_label(xp), "criterion": criterion, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

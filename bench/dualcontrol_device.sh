@@ -5,6 +5,9 @@
 #   bash bench/dualcontrol_device.sh paper      # optimal policy at 64^3 and 128^3 under the paper's stopping
 #                                               # rule (delta/(1-delta) sup-norm): plain VI (the paper's
 #                                               # algorithm) and full acceleration
+#   bash bench/dualcontrol_device.sh anderson   # 256^3, every policy, plain sweeps (the reference) against
+#                                               # Anderson-accelerated evaluation, with their V/u distances
+#                                               # from each other and from a solve to 1e-8
 # Logs and JSON go to $OUT; a summary table is printed last. Needs only numpy and cupy (the GPU tests and the
 # benchmark import the numerics modules, not the job's pydantic models); the CUDA kernels are compiled by
 # kernels/cuda.py (model and algorithms: docs/dualcontrol.md).
@@ -24,6 +27,10 @@ if [ "$MODE" = validate ]; then
     2>&1 | tee "$OUT/dc_small.log" | grep -v '^{'
   timeout 140 python3 $B --device gpu --sizes 256 --policies optimal inert myopic --json "$OUT/dc_256.json" \
     2>&1 | tee "$OUT/dc_256.log" | grep -v '^{'
+elif [ "$MODE" = anderson ]; then
+  timeout 150 python3 $B --device gpu --sizes 256 --policies optimal myopic inert --evaluation sweeps anderson \
+    --fixed-point 1e-8 \
+    --json "$OUT/dc_256_anderson.json" 2>&1 | tee "$OUT/dc_256_anderson.log" | grep -v '^{'
 elif [ "$MODE" = paper ]; then
   timeout 240 python3 $B --device gpu --sizes 64 128 --policies optimal --acceleration none full \
     --criterion sup_norm --json "$OUT/dc_paper_rule.json" 2>&1 | tee "$OUT/dc_paper_rule.log" | grep -v '^{'

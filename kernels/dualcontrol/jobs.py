@@ -65,6 +65,8 @@ def _settings(
         evaluation_sweeps=acc.evaluation_sweeps,
         coarse_to_fine=acc.coarse_to_fine if coarse_to_fine is None else coarse_to_fine,
         coarsest_size=acc.coarsest_size,
+        evaluation=acc.evaluation,
+        anderson_memory=acc.anderson_memory,
         criterion=params.convergence,
         quadrature_nodes=params.quadrature_nodes,
         dtype=np.float64 if params.precision == "float64" else np.float32,

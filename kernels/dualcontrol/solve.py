@@ -5,6 +5,10 @@
   policy iteration (``evaluation_sweeps`` cheap sweeps ``V <- T_u V`` with the latest policy between two
   improvement steps) and coarse-to-fine warm starts (solve on grids halved per axis, interpolate V and u
   up as the next level's start).
+- Policy evaluation (the fixed policies' solves, and the sweeps between two improvement steps) either sweeps
+  plainly (``evaluation="sweeps"``, the reference) or sweeps the Anderson mix of the last sweeps
+  (``"anderson"``, :mod:`kernels.dualcontrol.anderson`); the convergence statistic is that of the sweep itself
+  either way, so the mix changes which iterate is swept, never what counts as converged.
 
 Convergence (checked after every sweep of ``T`` or ``T_u``, from three device-side reductions, so no array
 crosses to the host): with ``d = V_new - V``, the MacQueen-Porteus bounds put the fixed point within
@@ -24,12 +28,14 @@ from typing import Any, Literal
 import numpy as np
 
 from kernels.backend import synchronize, to_host
+from kernels.dualcontrol.anderson import AndersonMixer
 from kernels.dualcontrol.bellman import BellmanOperator, Interpolation, MinimiserSettings, make_operator
 from kernels.dualcontrol.grid import StateGrid, interpolate, x_curvature
 from kernels.dualcontrol.model import ModelParams, myopic_policy
 
 Policy = Literal["inert", "myopic", "optimal"]
 Criterion = Literal["macqueen_porteus", "sup_norm"]
+Evaluation = Literal["sweeps", "anderson"]
 Checkpoint = Callable[[float, str], None]
 LevelCallback = Callable[[StateGrid, Any, Any], None]  # (level grid, converged V, policy) after each level
 
@@ -48,6 +54,11 @@ class SolveSettings:
     minimiser: MinimiserSettings = field(default_factory=MinimiserSettings)
     fused: bool | None = None  # None: CUDA kernels on a GPU namespace, array code otherwise
     interpolation: Interpolation = "trilinear"  # or "quadratic" (in x) or "residual" (V - V0): bellman.py
+    # How a policy is evaluated (inert and myopic solves, and between two improvement steps): "sweeps" is
+    # plain V <- T_u V (the reference), "anderson" sweeps the Anderson mix of the last anderson_memory
+    # sweeps instead (anderson.py); the convergence checks are the same statistics either way
+    evaluation: Evaluation = "sweeps"
+    anderson_memory: int = 8
 
 
 @dataclass
@@ -219,6 +230,7 @@ def solve(
         operator.heartbeat = reporter.heartbeat
         iterations = sweeps = 0
         converged = False
+        mixer = AndersonMixer(settings.anderson_memory, xp) if settings.evaluation == "anderson" else None
 
         while iterations < settings.max_iterations:
             iterations += 1
@@ -235,15 +247,16 @@ def solve(
                     **stats,
                 }
             )
-            values = new_values
             if stats["criterion"] < settings.tolerance:
-                values = values + 0.5 * (stats["mqp_lower"] + stats["mqp_upper"])
+                values = new_values + 0.5 * (stats["mqp_lower"] + stats["mqp_upper"])
                 converged = True
                 break
             reporter(stats["criterion"], force=settings.policy == "optimal")
             if settings.policy == "optimal":
-                values, done = _evaluation_sweeps(operator, values, policy, settings, tracker, history, shape)
+                values, done = _evaluate_policy(operator, new_values, policy, settings, tracker, history, shape, mixer)
                 sweeps += done
+            else:
+                values = new_values if mixer is None else mixer.mix(values, new_values)
         synchronize(xp)
         levels.append(LevelReport(shape, iterations, sweeps, converged, time.perf_counter() - level_start))
         previous_grid = level_grid
@@ -254,7 +267,7 @@ def solve(
     return Solution(grid, values, policy, levels[-1].converged, levels, history)
 
 
-def _evaluation_sweeps(
+def _evaluate_policy(
     operator: BellmanOperator,
     values: Any,
     policy: Any,
@@ -262,16 +275,22 @@ def _evaluation_sweeps(
     tracker: _Tracker,
     history: list[dict[str, Any]],
     shape: tuple[int, int, int],
+    mixer: AndersonMixer | None,
 ) -> tuple[Any, int]:
-    """Up to ``evaluation_sweeps`` sweeps of ``T_u``; stops once ``T_u``'s own criterion is 10x below tol."""
+    """Up to ``evaluation_sweeps`` sweeps of ``T_u`` (modified policy iteration); stops once ``T_u``'s own
+    criterion is 10x below tol. With a mixer each sweep is applied to the Anderson mix of the previous ones
+    (the criterion is still that of the sweep itself, ``T_u x - x``); without, to the last sweep's output."""
+    if mixer is not None:
+        mixer.reset()  # a new policy is a new map: differences of the old one would mislead
     done = 0
     for _ in range(settings.evaluation_sweeps):
         new_values = operator.evaluate(values, policy)
         stats = tracker.measure(new_values, values)
-        values = new_values
         done += 1
         if stats["criterion"] < 0.1 * settings.tolerance:
+            values = new_values
             break
+        values = new_values if mixer is None else mixer.mix(values, new_values)
     if done:
         history.append({"grid": list(shape), "step": "evaluate", "sweeps": done, **stats})
     return values, done

@@ -86,6 +86,13 @@ class AccelerationSpec(_Section):
     )
     coarse_to_fine: bool = Field(default=True, description="warm start from grids halved per axis")
     coarsest_size: int = Field(default=16, ge=8, le=512, description="no coarse level has an axis below this")
+    evaluation: Literal["sweeps", "anderson"] = Field(
+        default="sweeps",
+        description="policy evaluation (inert and myopic solves, and between two improvement steps): plain "
+        "sweeps V <- T_u V, or each sweep applied to the Anderson mix of the last anderson_memory sweeps "
+        "(fewer sweeps, the same stopping rule)",
+    )
+    anderson_memory: int = Field(default=8, ge=1, le=32, description="sweeps the Anderson mix draws on")
 
 
 class MinimizerSpec(_Section):

@@ -71,6 +71,8 @@ def test_example_runs_every_gpu_path() -> None:
         ({"tolerance": 0.0}, "tolerance"),
         ({"report_states": [[1.0, 2.0]]}, "report_states"),
         ({"acceleration": {"evaluation_sweeps": -1}}, "evaluation_sweeps"),
+        ({"acceleration": {"evaluation": "gmres"}}, "evaluation"),
+        ({"acceleration": {"anderson_memory": 0}}, "anderson_memory"),
         ({"precision": "float16"}, "precision"),
         ({"interpolation": "cubic"}, "interpolation"),
         ({"simulation": {"paths": 1}}, "paths"),
@@ -118,6 +120,20 @@ def test_optimal_job_reports_all_result_names_and_artifacts() -> None:
     fractions = [f for f, _ in progress.reports]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert {"solve", "myopic_companion", "total"} <= set(result["timings"])
+
+
+def test_anderson_evaluation_job_agrees_with_the_plain_job_in_fewer_companion_sweeps() -> None:
+    """``acceleration.evaluation: anderson`` reaches the same exact-state values (within the tolerances: 1e-4
+    optimal, 1e-6 for the myopic companion) and its myopic companion needs fewer sweeps; the default stays
+    "sweeps" so a stored job re-runs to its answer."""
+    assert _params().acceleration.evaluation == "sweeps"
+    plain = _run(_params())
+    fast = _run(_params(acceleration={"evaluation": "anderson"}))
+    assert plain["converged"] and fast["converged"]
+    assert fast["myopic_iterations"] < plain["myopic_iterations"] / 2
+    for a, b in zip(plain["states"], fast["states"], strict=True):
+        assert b["value"] == pytest.approx(a["value"], rel=2e-4)
+        assert b["myopic_value"] == pytest.approx(a["myopic_value"], rel=2e-6)
 
 
 def test_inert_job_value_at_a_node_equals_the_artifact() -> None:

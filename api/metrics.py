@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.status import TERMINAL_STATUSES, JobStatus
+from store import chunks as chunk_store
 from store import jobs as job_store
 from store.db import session_scope
 from store.models import Job
@@ -25,6 +26,11 @@ access_log = structlog.get_logger("gpuest.api.access")
 RUN_SECONDS_BUCKETS: tuple[float, ...] = (
     0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 43200,
 )
+
+
+# issue 19: each worker advertises its device on the rows it runs (worker.device: the GPU's name and, on a
+# worker pinned to one GPU of its host, its number), so the running work per device is read from them.
+RUNNING_HELP = "Jobs and chunks of fanned-out jobs running now, by the device their worker advertises"
 
 
 class JobStoreCollector(Collector):
@@ -39,12 +45,14 @@ class JobStoreCollector(Collector):
         yield GaugeMetricFamily("gpuest_queue_depth", "Jobs waiting in status queued")
         yield HistogramMetricFamily("gpuest_job_run_seconds", "Run time of finished jobs (finished - started)",
                                     labels=["kind"])
+        yield GaugeMetricFamily("gpuest_running", RUNNING_HELP, labels=["device"])
 
     def collect(self) -> Iterator[Metric]:
         with session_scope() as session:
             counts = job_store.count_by_kind_and_status(session)
             depth = job_store.queue_depth(session)
             run_times = _run_time_histogram(session)
+            running = chunk_store.running_by_device(session)
 
         jobs = GaugeMetricFamily("gpuest_jobs", "Jobs by kind and status", labels=["kind", "status"])
         by_label = {(kind, status.value): 0 for kind in self.known_kinds for status in JobStatus}
@@ -68,6 +76,11 @@ class JobStoreCollector(Collector):
             buckets.append(("+Inf", total))
             histogram.add_metric([kind], buckets, seconds)
         yield histogram
+
+        by_device = GaugeMetricFamily("gpuest_running", RUNNING_HELP, labels=["device"])
+        for device, count in sorted(running.items()):
+            by_device.add_metric([device], count)
+        yield by_device
 
 
 def _run_seconds(session: Session) -> ColumnElement[float]:

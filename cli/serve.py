@@ -175,7 +175,8 @@ class ManagedProcess:
 
 @dataclass
 class EmbeddedStack:
-    """A running embedded stack: the API's ``base_url``, its two supervised children, and its settings."""
+    """A running embedded stack: the API's ``base_url``, its supervised children (the API, the first worker
+    and ``more_workers``: one per GPU with ``--gpus``, or ``--cpu-workers`` of them), and its settings."""
 
     base_url: str
     data_dir: Path
@@ -183,8 +184,13 @@ class EmbeddedStack:
     api: ManagedProcess
     worker: ManagedProcess
     say: Callable[[str], None]
+    more_workers: list[ManagedProcess] = field(default_factory=list)
     _stopping: threading.Event = field(default_factory=threading.Event, repr=False)
     _supervisor: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def workers(self) -> list[ManagedProcess]:
+        return [self.worker, *self.more_workers]
 
     @property
     def auth_enabled(self) -> bool:
@@ -196,9 +202,9 @@ class EmbeddedStack:
 
     def supervise(self, poll_seconds: float = 0.5) -> None:
         """Restart whichever child exits while the stack is meant to run (with a growing delay)."""
-        delays = {id(self.api): 0.5, id(self.worker): 0.5}
+        delays = {id(child): 0.5 for child in (self.api, *self.workers)}
         while not self._stopping.wait(poll_seconds):
-            for child in (self.worker, self.api):
+            for child in (*self.workers, self.api):
                 code = child.exit_code()
                 if code is None or self._stopping.is_set():
                     continue
@@ -223,7 +229,7 @@ class EmbeddedStack:
         self._stopping.set()
         if self._supervisor is not None:
             self._supervisor.join(timeout=grace)
-        for child in (self.api, self.worker):
+        for child in (self.api, *self.workers):
             if child.stop(grace):
                 # Silence here would hide why a job re-ran: a killed worker's job waits for the reaper.
                 self.say(self.killed_message(child, grace))
@@ -231,19 +237,55 @@ class EmbeddedStack:
     @staticmethod
     def killed_message(child: ManagedProcess, grace: float) -> str:
         message = f"gpuest: the {child.name} process (pid {child.pid}) did not stop within {grace:g} s; killed it"
-        if child.name == "worker":
+        if child.name.startswith("worker"):
             message += " (a job it was running stays 'running' until a worker's reaper re-queues it)"
         return message
 
 
-def worker_argv(queue: str) -> list[str]:
+def worker_argv(queue: str, name: str | None = None) -> list[str]:
     # Gossip, mingle and the event heartbeat talk to other workers over broadcast exchanges: one worker per
     # GPU needs none of it, and skipping mingle saves a second at start.
-    return [
+    argv = [
         sys.executable, "-m", "celery", "-A", "worker.tasks:celery_app", "worker",
         "-Q", queue, "--pool", "solo", "--concurrency", "1", "--loglevel", "INFO",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]
+    return argv if name is None else [*argv, "-n", f"{name}@%h"]
+
+
+def visible_gpu_count() -> int:
+    """GPUs CuPy can use in this process's environment (0 without CuPy or a driver)."""
+    try:
+        import cupy  # optional extra
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # ImportError, no driver, no device: none usable either way
+        return 0
+
+
+def worker_environments(
+    gpus: int = 0, cpu_workers: int | None = None, gpu_count: Callable[[], int] = visible_gpu_count
+) -> list[dict[str, str]]:
+    """What each worker process adds to the shared environment: with ``gpus`` one worker per GPU, pinned to
+    it with ``CUDA_VISIBLE_DEVICES`` (a number of the parent's own list when that is set) and refusing to
+    compute on anything else; with ``cpu_workers`` that many workers on the CPU; else one worker on the
+    configured device. Raises :class:`StackStartError` with one line when the GPUs are not there."""
+    if gpus and cpu_workers:
+        raise StackStartError("--gpus and --cpu-workers exclude each other: the workers of one queue compute on "
+                              "one kind of device (a fanned-out job's chunks are summed as one run's)")
+    if gpus:
+        found = gpu_count()
+        if found == 0:
+            raise StackStartError(f"--gpus {gpus}: no GPU is usable through CuPy on this machine (no CuPy, driver "
+                                  "or device); run CPU workers with --cpu-workers N")
+        if gpus > found:
+            raise StackStartError(f"--gpus {gpus}: this machine has {found} usable GPU(s)")
+        inherited = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        devices = [item.strip() for item in inherited.split(",")] if inherited else [str(i) for i in range(found)]
+        return [{"CUDA_VISIBLE_DEVICES": device, "GPUEST_DEVICE": "gpu"} for device in devices[:gpus]]
+    if cpu_workers:
+        return [{"GPUEST_DEVICE": "cpu"} for _ in range(cpu_workers)]
+    return [{}]
 
 
 def api_argv(host: str, port: int, workers: int = 1) -> list[str]:
@@ -264,6 +306,20 @@ def prepare_broker(broker_url: str, queue: str) -> None:
         warnings.simplefilter("ignore", DeprecationWarning)
         with Connection(broker_url) as connection:
             connection.default_channel.queue_declare(queue=queue, durable=True)
+
+
+def prepare_result_backend(backend_url: str) -> None:
+    """Create the SQLite result backend's tables once (the chords of fanned-out jobs count their parts there)
+    before several processes race to create them at their first send."""
+    if not backend_url.startswith("db+"):
+        return
+    from celery import Celery
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        app = Celery("gpuest-prepare", backend=backend_url)
+        app.backend  # noqa: B018 - building the database backend creates its tables
+        app.close()
 
 
 def wait_until_healthy(base_url: str, api: ManagedProcess, timeout: float = STARTUP_TIMEOUT_SECONDS) -> None:
@@ -289,24 +345,41 @@ def embedded_stack(
     say: Callable[[str], None] | None = None,
     cwd: Path | None = None,
     api_workers: int = 1,
+    gpus: int = 0,
+    cpu_workers: int | None = None,
 ) -> Iterator[EmbeddedStack]:
     """Run the embedded stack until the block exits; yields it once ``/healthz`` answers.
 
-    ``port=None`` picks a free port; ``env`` adds or overrides environment variables for both children;
-    ``log_dir`` sends their output to ``api.log`` / ``worker.log`` there instead of this terminal;
-    ``api_workers`` > 1 runs that many uvicorn server processes.
+    ``port=None`` picks a free port; ``env`` adds or overrides environment variables for every child;
+    ``log_dir`` sends their output to ``api.log`` / ``worker.log`` (``worker-1.log`` ...) there instead of
+    this terminal; ``api_workers`` > 1 runs that many uvicorn server processes; ``gpus`` runs one worker per
+    GPU, ``cpu_workers`` that many CPU workers (:func:`worker_environments`). With several workers, a
+    splittable job is fanned out into one chunk per worker unless ``GPUEST_FANOUT_CHUNKS`` says otherwise.
     """
     say = say or (lambda message: print(message, file=sys.stderr, flush=True))
+    placements = worker_environments(gpus, cpu_workers)
     if port:
         ensure_port_free(host, port)
     data_dir.mkdir(parents=True, exist_ok=True)
     child_env = stack_environment(data_dir, env)
-    queue = settings_from_env(child_env).queue
+    if len(placements) > 1:
+        child_env.setdefault("GPUEST_FANOUT_CHUNKS", str(len(placements)))
+    settings = settings_from_env(child_env)
+    queue = settings.queue
     upgrade_to_head(child_env["DATABASE_URL"])
     prepare_broker(child_env["BROKER_URL"], queue)
+    prepare_result_backend(settings.resolved_result_backend_url())
     port = port or free_port(host)
     base_url = f"http://{host}:{port}"
     workdir = cwd or data_dir.resolve()
+
+    def worker_process(index: int) -> ManagedProcess:
+        name, log_name = ("worker", "worker.log") if index == 0 else (f"worker-{index}", f"worker-{index}.log")
+        return ManagedProcess(
+            name, worker_argv(queue, name if len(placements) > 1 else None), {**child_env, **placements[index]},
+            workdir, log_dir and log_dir / log_name,
+        )  # fmt: skip
+
     stack = EmbeddedStack(
         base_url=base_url,
         data_dir=data_dir.resolve(),
@@ -314,13 +387,13 @@ def embedded_stack(
         api=ManagedProcess(
             "API", api_argv(host, port, api_workers), child_env, workdir, log_dir and log_dir / "api.log"
         ),
-        worker=ManagedProcess(
-            "worker", worker_argv(queue), child_env, workdir, log_dir and log_dir / "worker.log"
-        ),
+        worker=worker_process(0),
         say=say,
+        more_workers=[worker_process(index) for index in range(1, len(placements))],
     )
     try:
-        stack.worker.start()
+        for worker in stack.workers:
+            worker.start()
         stack.api.start()
         wait_until_healthy(base_url, stack.api)
         stack.start_supervisor()
@@ -334,7 +407,8 @@ def _raise_keyboard_interrupt(signum: int, _frame: object) -> None:
 
 
 def serve_forever(
-    host: str, port: int, data_dir: Path, say: Callable[[str], None], *, api_workers: int = 1
+    host: str, port: int, data_dir: Path, say: Callable[[str], None], *, api_workers: int = 1, gpus: int = 0,
+    cpu_workers: int | None = None,
 ) -> None:
     """``gpuest serve``: run the stack in the foreground until Ctrl-C or SIGTERM, then stop both children."""
     # Installed explicitly: a shell starts background jobs with SIGINT ignored, and Python then never
@@ -342,19 +416,32 @@ def serve_forever(
     stop_signals = (signal.SIGINT, signal.SIGTERM)
     previous = {signum: signal.signal(signum, _raise_keyboard_interrupt) for signum in stop_signals}
     try:
-        with embedded_stack(data_dir, port, host=host, say=say, api_workers=api_workers) as stack:
+        with embedded_stack(data_dir, port, host=host, say=say, api_workers=api_workers, gpus=gpus,
+                            cpu_workers=cpu_workers) as stack:
             for line in banner(stack):
                 say(line)
             with contextlib.suppress(KeyboardInterrupt):
                 while True:
                     time.sleep(3600)
-            say("gpuest: stopping the API and the worker ...")
+            say("gpuest: stopping the API and the worker(s) ...")
     except KeyboardInterrupt:
         say("gpuest: interrupted during start-up; stopped")
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     say("gpuest: stopped")
+
+
+def _workers_line(stack: EmbeddedStack) -> str:
+    def where(worker: ManagedProcess) -> str:
+        gpu = worker.env.get("CUDA_VISIBLE_DEVICES") if worker.env.get("GPUEST_DEVICE") == "gpu" else None
+        return f"{worker.pid} (GPU {gpu})" if gpu is not None else f"{worker.pid}"
+
+    if len(stack.workers) == 1:
+        return f"worker pid {where(stack.worker)}"
+    chunks = stack.env.get("GPUEST_FANOUT_CHUNKS", "0")
+    return (f"{len(stack.workers)} workers, pids {', '.join(where(worker) for worker in stack.workers)} "
+            f"(a crve_montecarlo job of 4 blocks or more is fanned out into {chunks} chunks)")
 
 
 def _redact(url: str) -> str:
@@ -380,7 +467,7 @@ def banner(stack: EmbeddedStack) -> list[str]:
         f"data directory: {stack.data_dir}",
         f"database: {_redact(stack.env['DATABASE_URL'])}",
         f"broker:   {_redact(stack.env['BROKER_URL'])}",
-        f"worker pid {stack.worker.pid}, API pid {stack.api.pid}",
+        _workers_line(stack) + f", API pid {stack.api.pid}",
         auth,
         "submit a job:",
         f"  curl -s -X POST {stack.base_url}/v1/jobs{header} -H 'Content-Type: application/json' \\",

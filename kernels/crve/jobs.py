@@ -38,7 +38,7 @@ from kernels.crve.synthetic import synthetic_columns
 from kernels.registry import JobKind, KindExample
 
 # float64 elements one NumPy block of replications may hold (about 64 MB per array).
-_NUMPY_BLOCK_ELEMENTS = 8_000_000
+NUMPY_BLOCK_ELEMENTS = 8_000_000
 # float64 elements of one G x chunk array of bootstrap draws: the GPU takes large chunks, NumPy cache-sized ones.
 _GPU_DRAW_BLOCK_ELEMENTS = 64_000_000
 _NUMPY_DRAW_BLOCK_ELEMENTS = 4_000_000
@@ -53,11 +53,22 @@ def _levels(values: dict[float, float]) -> dict[str, float]:
     return {f"{level:.2f}": float(value) for level, value in values.items()}
 
 
-def run_montecarlo(params: MonteCarloParams, ctx: RunContext) -> MonteCarloResult:
+def montecarlo_design(params: MonteCarloParams) -> mc.Design:
     # test_coefficient < n_regressors < n_obs <= MAX_OBS_PER_REPLICATION: checked by MonteCarloParams.
-    design = mc.Design(params.n_clusters, params.cluster_size, params.n_regressors, params.seed, params.design_sizes)
+    return mc.Design(params.n_clusters, params.cluster_size, params.n_regressors, params.seed, params.design_sizes)
+
+
+def montecarlo_critical_values(params: MonteCarloParams) -> dict[float, float] | None:
+    """The CRV1 test's critical values; None for the wild bootstrap (each replication has its own p-value)."""
+    if params.test == "wild_bootstrap":
+        return None
+    return mc.critical_values(params.critical_values, params.n_clusters)
+
+
+def run_montecarlo(params: MonteCarloParams, ctx: RunContext) -> MonteCarloResult:
+    design = montecarlo_design(params)
     bootstrap = params.test == "wild_bootstrap"
-    crit = None if bootstrap else mc.critical_values(params.critical_values, params.n_clusters)
+    crit = montecarlo_critical_values(params)
     ctx.progress(0.0, "replications 0/" + str(params.replications))
     summary, draws = mc.simulate(
         ctx.xp,
@@ -70,8 +81,17 @@ def run_montecarlo(params: MonteCarloParams, ctx: RunContext) -> MonteCarloResul
         weights_type=params.weights_type,
         report=ctx.progress,
         timer=ctx.timer,
-        numpy_block_elements=_NUMPY_BLOCK_ELEMENTS,
+        numpy_block_elements=NUMPY_BLOCK_ELEMENTS,
     )
+    return montecarlo_result(params, design, summary, draws, crit)
+
+
+def montecarlo_result(
+    params: MonteCarloParams, design: mc.Design, summary: mc.MonteCarloSummary, draws: int,
+    crit: dict[float, float] | None,
+) -> MonteCarloResult:
+    """The kind's result from the run's summary (a single run's or a split run's reduction)."""
+    bootstrap = params.test == "wild_bootstrap"
     return MonteCarloResult(
         test=params.test,
         replications=summary.replications,

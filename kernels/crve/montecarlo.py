@@ -22,7 +22,7 @@ See docs/crve.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -254,33 +254,63 @@ class MonteCarloSummary:
     critical_values: dict[float, float] | None
 
 
+@dataclass(frozen=True)
+class BlockPartial:
+    """One block's share of the summary: its counts and float64 sums of the estimate about ``shift`` (the first
+    block's mean estimate, the same for every block of a run). Adding these in block order is what the
+    single run does, so a chunked run (``kernels.crve.montecarlo_chunks``) reduces to the same bits."""
+
+    count: int
+    rejections: dict[float, int]
+    sum_centred: float
+    sum_centred_sq: float
+    sum_se: float
+
+
+def first_block_shift(block: ReplicationStats) -> float:
+    """The centre every block's sums are taken about: the first block's mean estimate (a stable variance)."""
+    return float(to_host(block.estimate).mean())
+
+
+def block_partial(block: ReplicationStats, crit: dict[float, float] | None, shift: float) -> BlockPartial:
+    estimate = to_host(block.estimate)
+    se = to_host(block.se)
+    rejections = {}
+    for level in LEVELS:
+        if block.p_bootstrap is not None:
+            rejected = to_host(block.p_bootstrap) < level
+        else:
+            rejected = np.abs(to_host(block.t_stat)) > crit[level]
+        rejections[level] = int(rejected.sum())
+    centred = estimate - shift
+    return BlockPartial(int(estimate.size), rejections, float(centred.sum()), float((centred**2).sum()),
+                        float(se.sum()))
+
+
 class _Accumulator:
     """Running sums over blocks (float64 on the host), so memory stays bounded for any R."""
 
-    def __init__(self) -> None:
+    def __init__(self, shift: float | None = None) -> None:
         self.count = 0
         self.rejections = dict.fromkeys(LEVELS, 0)
         self.sum_estimate = 0.0
         self.sum_estimate_sq = 0.0
         self.sum_se = 0.0
-        self.shift = None  # the first block's mean, subtracted for a stable variance
+        self.shift = shift  # the first block's mean, subtracted for a stable variance
 
     def add(self, xp: ModuleType, block: ReplicationStats, crit: dict[float, float] | None) -> None:
-        estimate = to_host(block.estimate)
-        se = to_host(block.se)
         if self.shift is None:
-            self.shift = float(estimate.mean())
+            self.shift = first_block_shift(block)
+        self.merge(block_partial(block, crit, self.shift))
+
+    def merge(self, partial: BlockPartial) -> None:
+        """Add one block's partial sums (blocks must come in order for the single run's bits)."""
         for level in LEVELS:
-            if block.p_bootstrap is not None:
-                rejected = to_host(block.p_bootstrap) < level
-            else:
-                rejected = np.abs(to_host(block.t_stat)) > crit[level]
-            self.rejections[level] += int(rejected.sum())
-        centred = estimate - self.shift
-        self.count += estimate.size
-        self.sum_estimate += float(centred.sum())
-        self.sum_estimate_sq += float((centred**2).sum())
-        self.sum_se += float(se.sum())
+            self.rejections[level] += partial.rejections[level]
+        self.count += partial.count
+        self.sum_estimate += partial.sum_centred
+        self.sum_estimate_sq += partial.sum_centred_sq
+        self.sum_se += partial.sum_se
 
     def summary(self, crit: dict[float, float] | None) -> MonteCarloSummary:
         r = self.count
@@ -297,6 +327,14 @@ class _Accumulator:
             mean_se=self.sum_se / r,
             critical_values=crit,
         )
+
+
+def summarise(shift: float, partials: Sequence[BlockPartial], crit: dict[float, float] | None) -> MonteCarloSummary:
+    """The summary of a run from its blocks' partials, in block order (what :func:`run_blocks` accumulates)."""
+    accumulator = _Accumulator(shift)
+    for partial in partials:
+        accumulator.merge(partial)
+    return accumulator.summary(crit)
 
 
 BlockFunction = Callable[[int, int], ReplicationStats]
@@ -328,6 +366,92 @@ def run_blocks(
     return accumulator.summary(crit)
 
 
+@dataclass(frozen=True)
+class SimulationPlan:
+    """How a run of ``replications`` is cut into blocks of ``block`` replications (the last may be shorter),
+    and the bootstrap draws per replication (0 for the CRV1 test). The blocks are the unit of the sums: a run
+    split over workers must use the plan of the device the single run would use."""
+
+    replications: int
+    block: int
+    draws: int
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.replications // self.block)
+
+    def bounds(self, index: int) -> tuple[int, int]:
+        """(first replication, count) of block ``index``."""
+        first = index * self.block
+        return first, min(self.block, self.replications - first)
+
+
+def plan_simulation(
+    xp: ModuleType,
+    design: Design,
+    *,
+    replications: int,
+    bootstrap_reps: int | None,
+    weights_type: str,
+    numpy_block_elements: int = 8_000_000,
+    gpu_block_elements: int = 125_000_000,
+) -> SimulationPlan:
+    """The blocks of a run on ``xp``: on the GPU ``gpu_block_elements`` bounds a block's cluster statistics and
+    bootstrap arrays, on NumPy ``numpy_block_elements`` its generated data."""
+    draws = bootstrap_draws(weights_type, design.n_clusters, bootstrap_reps) if bootstrap_reps is not None else 0
+    if not is_numpy(xp):
+        k = design.n_regressors
+        per_replication = design.n_clusters * (k * k + k + 3 * draws)
+        block = max(1, gpu_block_elements // per_replication)
+    else:
+        block = block_size(design, numpy_block_elements, extra_per_replication=4 * design.n_clusters * draws)
+    return SimulationPlan(replications, block, draws)
+
+
+def block_function(
+    xp: ModuleType,
+    design: Design,
+    *,
+    test_coefficient: int,
+    ssc: bool,
+    bootstrap_reps: int | None,
+    weights_type: str,
+    timer: StageTimer,
+) -> BlockFunction:
+    """``compute(first, count)``: the per-replication outcomes of one block of replications."""
+
+    def compute(first: int, count: int) -> ReplicationStats:
+        with timer.stage("generate_and_reduce"):
+            xtx_g, xty_g = cluster_statistics(xp, design, first, count)
+        if bootstrap_reps is not None:
+            with timer.stage("wild_bootstrap"):
+                return wcr_bootstrap_block(
+                    xp, xtx_g, xty_g, design.n_obs, test_coefficient, ssc,
+                    weights_type, bootstrap_reps, design.seed, first,
+                )  # fmt: skip
+        with timer.stage("crv1"):
+            return crv1_block(xp, xtx_g, xty_g, design.n_obs, test_coefficient, ssc)
+
+    return compute
+
+
+def block_range_partials(
+    plan: SimulationPlan,
+    compute: BlockFunction,
+    crit: dict[float, float] | None,
+    shift: float,
+    blocks: range,
+    report: Callable[[int], None] = lambda _done: None,
+) -> list[BlockPartial]:
+    """The partials of blocks ``blocks`` of ``plan`` about ``shift``: one chunk of a split run.
+    ``report(n)`` after each block, with the number of blocks done."""
+    partials = []
+    for done, index in enumerate(blocks, start=1):
+        partials.append(block_partial(compute(*plan.bounds(index)), crit, shift))
+        report(done)
+    return partials
+
+
 def simulate(
     xp: ModuleType,
     design: Design,
@@ -349,25 +473,9 @@ def simulate(
     On the GPU the data are never stored: a block holds only cluster statistics (R G (k^2 + k)) and, when
     bootstrapping, the R x G x B weights and scores; ``gpu_block_elements`` bounds those.
     """
-    bootstrap = bootstrap_reps is not None
-    draws = bootstrap_draws(weights_type, design.n_clusters, bootstrap_reps) if bootstrap else 0
-
-    def compute(first: int, count: int) -> ReplicationStats:
-        with timer.stage("generate_and_reduce"):
-            xtx_g, xty_g = cluster_statistics(xp, design, first, count)
-        if bootstrap:
-            with timer.stage("wild_bootstrap"):
-                return wcr_bootstrap_block(
-                    xp, xtx_g, xty_g, design.n_obs, test_coefficient, ssc,
-                    weights_type, bootstrap_reps, design.seed, first,
-                )  # fmt: skip
-        with timer.stage("crv1"):
-            return crv1_block(xp, xtx_g, xty_g, design.n_obs, test_coefficient, ssc)
-
-    if not is_numpy(xp):
-        k = design.n_regressors
-        per_replication = design.n_clusters * (k * k + k + 3 * draws)
-        block = max(1, gpu_block_elements // per_replication)
-    else:
-        block = block_size(design, numpy_block_elements, extra_per_replication=4 * design.n_clusters * draws)
-    return run_blocks(replications, block, compute, critical, xp, report), draws
+    plan = plan_simulation(xp, design, replications=replications, bootstrap_reps=bootstrap_reps,
+                           weights_type=weights_type, numpy_block_elements=numpy_block_elements,
+                           gpu_block_elements=gpu_block_elements)
+    compute = block_function(xp, design, test_coefficient=test_coefficient, ssc=ssc, bootstrap_reps=bootstrap_reps,
+                             weights_type=weights_type, timer=timer)
+    return run_blocks(replications, plan.block, compute, critical, xp, report), plan.draws

@@ -66,7 +66,7 @@ def _run(progress: LocalProgress | None = None, **overrides: object) -> dict:
 
 def test_job_result_is_chunk_invariant_and_reports_progress(monkeypatch: pytest.MonkeyPatch) -> None:
     whole = _run()
-    monkeypatch.setattr("kernels.crve.jobs._NUMPY_BLOCK_ELEMENTS", 1000)  # 1 replication per block
+    monkeypatch.setattr("kernels.crve.jobs.NUMPY_BLOCK_ELEMENTS", 1000)  # 1 replication per block
     progress = LocalProgress()
     chunked = _run(progress)
     assert len(progress.reports) > 100 and progress.reports[-1][0] == 1.0
@@ -95,7 +95,7 @@ def test_rejection_rate_is_oversized_with_few_clusters_and_normal_critical_value
 
 
 def test_cancel_mid_run_stops_at_a_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("kernels.crve.jobs._NUMPY_BLOCK_ELEMENTS", 1000)
+    monkeypatch.setattr("kernels.crve.jobs.NUMPY_BLOCK_ELEMENTS", 1000)
 
     class CancelAfterThree(LocalProgress):
         def __call__(self, fraction: float, stage: str | None = None) -> None:

@@ -1,0 +1,119 @@
+"""``crve_montecarlo`` split into chunks of replications (issue 19): what a fan-out of one job over several
+workers computes, kept apart from the service so that it is tested as numerics.
+
+A run is cut into the blocks of its single-device plan (:func:`montecarlo.plan_simulation`, the same blocks
+:func:`montecarlo.simulate` computes one after the other). The **lead** computes block 0, which fixes the
+centre of the run's sums (its mean estimate). Each **chunk** computes the partial sums of a contiguous range
+of the other blocks about that centre. The **reduction** adds the partials in block order, as the single run
+adds them. Every replication draws its numbers from Philox at addresses fixed by its index
+(``kernels/rng.py``), and every block is computed by the very call the single run makes, so the reduction is
+the single run's summary bit for bit, whatever the chunks and whichever worker computed them
+(``tests/kernels/crve/test_montecarlo_chunks.py``). Chunks must run on the kind of device the plan was made
+for: a GPU's sums differ from NumPy's in the last bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from kernels.context import RunContext
+from kernels.crve import jobs as crve_jobs
+from kernels.crve import montecarlo as mc
+from kernels.crve.jobs import montecarlo_critical_values, montecarlo_design, montecarlo_result
+from kernels.crve.spec import MonteCarloParams, MonteCarloResult
+
+KIND = "crve_montecarlo"
+
+
+def plan(params: MonteCarloParams, xp: ModuleType) -> mc.SimulationPlan:
+    """The blocks the single run of ``params`` on ``xp`` computes."""
+    return mc.plan_simulation(
+        xp, montecarlo_design(params), replications=params.replications, bootstrap_reps=_bootstrap_reps(params),
+        weights_type=params.weights_type, numpy_block_elements=crve_jobs.NUMPY_BLOCK_ELEMENTS,
+    )  # fmt: skip
+
+
+def split_blocks(n_blocks: int, chunks: int) -> list[range]:
+    """Blocks 1 .. n_blocks - 1 (block 0 is the lead's) in at most ``chunks`` contiguous ranges whose sizes
+    differ by one at most, in order."""
+    rest = n_blocks - 1
+    count = max(1, min(chunks, rest))
+    size, extra = divmod(rest, count)
+    ranges, start = [], 1
+    for index in range(count):
+        stop = start + size + (1 if index < extra else 0)
+        ranges.append(range(start, stop))
+        start = stop
+    return [blocks for blocks in ranges if len(blocks)]
+
+
+@dataclass(frozen=True)
+class Lead:
+    """Block 0 of a run: the centre of every block's sums and block 0's own partial."""
+
+    shift: float
+    partial: mc.BlockPartial
+
+
+def _bootstrap_reps(params: MonteCarloParams) -> int | None:
+    return params.bootstrap_reps if params.test == "wild_bootstrap" else None
+
+
+def _compute(params: MonteCarloParams, ctx: RunContext) -> mc.BlockFunction:
+    return mc.block_function(
+        ctx.xp, montecarlo_design(params), test_coefficient=params.test_coefficient, ssc=params.ssc,
+        bootstrap_reps=_bootstrap_reps(params), weights_type=params.weights_type, timer=ctx.timer,
+    )  # fmt: skip
+
+
+def lead(params: MonteCarloParams, ctx: RunContext, run_plan: mc.SimulationPlan) -> Lead:
+    block = _compute(params, ctx)(*run_plan.bounds(0))
+    shift = mc.first_block_shift(block)
+    return Lead(shift, mc.block_partial(block, montecarlo_critical_values(params), shift))
+
+
+def chunk(
+    params: MonteCarloParams, ctx: RunContext, run_plan: mc.SimulationPlan, shift: float, blocks: range
+) -> list[mc.BlockPartial]:
+    """The partials of ``blocks`` about ``shift``; progress through ``ctx.progress`` after each block (its
+    checkpoint: a cancel or a warm shutdown stops the chunk there)."""
+
+    def report(done: int) -> None:
+        ctx.progress(done / len(blocks), f"blocks {done}/{len(blocks)}")
+
+    return mc.block_range_partials(run_plan, _compute(params, ctx), montecarlo_critical_values(params), shift,
+                                   blocks, report)
+
+
+def reduce(params: MonteCarloParams, shift: float, partials: Sequence[mc.BlockPartial]) -> MonteCarloResult:
+    """The job's result from every block's partial, block 0 first and in block order."""
+    crit = montecarlo_critical_values(params)
+    design = montecarlo_design(params)
+    summary = mc.summarise(shift, partials, crit)
+    draws = mc.bootstrap_draws(params.weights_type, design.n_clusters, params.bootstrap_reps)
+    return montecarlo_result(params, design, summary, draws if params.test == "wild_bootstrap" else 0, crit)
+
+
+# The partials travel as JSON through the database: floats as exact hexadecimal text (float.hex), so no
+# bit is lost and a NaN or an infinity is still text PostgreSQL accepts.
+
+
+def partial_to_json(partial: mc.BlockPartial) -> dict[str, Any]:
+    return {
+        "count": partial.count,
+        "rejections": {f"{level:.2f}": count for level, count in partial.rejections.items()},
+        "sum_centred": partial.sum_centred.hex(),
+        "sum_centred_sq": partial.sum_centred_sq.hex(),
+        "sum_se": partial.sum_se.hex(),
+    }
+
+
+def partial_from_json(data: dict[str, Any]) -> mc.BlockPartial:
+    rejections = {level: int(data["rejections"][f"{level:.2f}"]) for level in mc.LEVELS}
+    return mc.BlockPartial(
+        int(data["count"]), rejections, float.fromhex(data["sum_centred"]), float.fromhex(data["sum_centred_sq"]),
+        float.fromhex(data["sum_se"]),
+    )  # fmt: skip

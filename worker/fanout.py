@@ -1,0 +1,505 @@
+"""One job fanned out over the workers of its queue as a Celery chord (issue 19).
+
+A job of a kind that splits by replications (``crve_montecarlo``: :data:`SPLITS`) and is large enough
+(``GPUEST_FANOUT_CHUNKS`` >= 2, at least ``GPUEST_FANOUT_MIN_BLOCKS`` blocks) is fanned out by the worker that
+claimed it: that worker computes the lead (block 0, which fixes the centre of the sums), records the chunks
+(``store/chunks.py``: a row each, with attempts and heartbeat like a job) and sends a **chord**, a group of one
+``gpuest.run_chunk`` task per chunk whose task id is the chunk's id, and ``gpuest.reduce_chunks`` as its
+callback. Any worker of the queue runs the chunks; the callback reduces the chunks' partials in chunk order
+into the job's result, which is the single run's bit for bit (``kernels/crve/montecarlo_chunks.py``).
+
+The database stays the truth, as for jobs: a chunk is claimed by a conditional UPDATE, its heartbeat is
+watched by the reapers, and a chunk whose worker died is re-queued alone and sent again **with its own task
+id, group id and callback** (Celery's chord then counts it as the part it is: Redis's chord counter, or
+``celery.chord_unlock`` polling the result backend). A reduction whose callback was lost anyway (a chord
+that could not be sent, a broker restarted empty) is done by a reaper once every chunk has ended for the
+stale limit. A failed chunk fails the job at once; a cancel stops every chunk at its next checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from types import ModuleType
+from typing import Any
+
+import structlog
+
+import core.queue
+from core.settings import get_settings
+from core.status import TERMINAL_STATUSES, JobPriority, JobStatus
+from kernels.backend import GPUUnavailableError, device_label
+from kernels.context import RunContext, namespace_for
+from kernels.crve import montecarlo as mc
+from kernels.crve import montecarlo_chunks
+from kernels.progress import JobCancelled
+from kernels.registry import JobKind, get_kind
+from kernels.spec import JobParams, ResultModel
+from store import chunks as chunk_store
+from store import jobs as job_store
+from store.db import session_scope
+from store.models import Job, JobChunk, utcnow
+from worker.device import worker_device
+from worker.infra import InfrastructureUnavailable, describe, is_infrastructure_error, retry_infrastructure
+from worker.progress import Heartbeat, WorkerStopping, worker_stopping
+
+log = structlog.get_logger("gpuest.worker")
+
+RUN_CHUNK_TASK = "gpuest.run_chunk"
+REDUCE_TASK = "gpuest.reduce_chunks"
+PROGRESS_INTERVAL_SECONDS = 0.5
+CHORD_UNLOCK_INTERVAL_SECONDS = 0.2
+MAX_MESSAGE_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a kind splits into chunks whose reduction is its single run, as the worker drives it.
+
+    ``plan(params, xp, chunks, min_blocks)``: the chunk specs (JSON) without the lead's, or None when the job
+    is too small to split; ``lead(params, ctx, specs)``: computes the lead and returns its spec and output
+    and the specs completed with what the lead fixed; ``run(params, ctx, spec)``: one chunk's output;
+    ``reduce(params, specs, outputs)``: the result from every chunk in order, the lead first."""
+
+    plan: Callable[[Any, ModuleType, int, int], list[dict[str, Any]] | None]
+    lead: Callable[[Any, RunContext, list[dict[str, Any]]],
+                   tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]]
+    run: Callable[[Any, RunContext, dict[str, Any]], dict[str, Any]]
+    reduce: Callable[[Any, Sequence[dict[str, Any]], Sequence[dict[str, Any]]], ResultModel]
+
+
+def _montecarlo_plan(params: Any, xp: ModuleType, chunks: int, min_blocks: int) -> list[dict[str, Any]] | None:
+    plan = montecarlo_chunks.plan(params, xp)
+    if plan.n_blocks < max(min_blocks, 3):
+        return None
+    return [{"blocks": [blocks.start, blocks.stop], "block": plan.block,
+             "size": sum(plan.bounds(index)[1] for index in blocks)}
+            for blocks in montecarlo_chunks.split_blocks(plan.n_blocks, chunks)]
+
+
+def _montecarlo_run_plan(params: Any, xp: ModuleType, spec: dict[str, Any]) -> mc.SimulationPlan:
+    """This worker's plan, which must be the one the chunks were cut from: the same device kind (a GPU's
+    blocks are not NumPy's)."""
+    plan = montecarlo_chunks.plan(params, xp)
+    if plan.block != spec["block"]:
+        raise ValueError(f"this chunk was planned in blocks of {spec['block']} replications, and this worker "
+                         f"({device_label(xp)}) computes blocks of {plan.block}: every worker of a queue must "
+                         "compute on the same kind of device")
+    return plan
+
+
+def _montecarlo_lead(params: Any, ctx: RunContext, specs: list[dict[str, Any]]) -> tuple[
+        dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    plan = _montecarlo_run_plan(params, ctx.xp, specs[0])
+    lead = montecarlo_chunks.lead(params, ctx, plan)
+    shift = lead.shift.hex()
+    lead_spec = {"blocks": [0, 1], "block": plan.block, "size": plan.bounds(0)[1], "shift": shift}
+    output = {"partials": [montecarlo_chunks.partial_to_json(lead.partial)]}
+    return lead_spec, output, [{**spec, "shift": shift} for spec in specs]
+
+
+def _montecarlo_run(params: Any, ctx: RunContext, spec: dict[str, Any]) -> dict[str, Any]:
+    plan = _montecarlo_run_plan(params, ctx.xp, spec)
+    partials = montecarlo_chunks.chunk(params, ctx, plan, float.fromhex(spec["shift"]), range(*spec["blocks"]))
+    return {"partials": [montecarlo_chunks.partial_to_json(partial) for partial in partials]}
+
+
+def _montecarlo_reduce(params: Any, specs: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]]) -> ResultModel:
+    partials = [montecarlo_chunks.partial_from_json(item) for output in outputs for item in output["partials"]]
+    return montecarlo_chunks.reduce(params, float.fromhex(specs[0]["shift"]), partials)
+
+
+SPLITS: dict[str, Split] = {
+    montecarlo_chunks.KIND: Split(_montecarlo_plan, _montecarlo_lead, _montecarlo_run, _montecarlo_reduce),
+}
+
+
+# --- the parent: fan out ---------------------------------------------------------------------------------
+
+
+def try_fan_out(job_id: str, worker: str, kind: JobKind, params: dict[str, Any], ctx: RunContext,
+                queue: str | None) -> bool:
+    """Fan the claimed job out if its kind splits and it is large enough; False to run it whole. Raises what
+    the kind's run would raise for bad params or a kernel error in the lead (the job then fails as usual),
+    :class:`JobCancelled` when the job was cancelled meanwhile."""
+    settings = get_settings()
+    split = SPLITS.get(kind.name)
+    if split is None or settings.fanout_chunks < 2:
+        return False
+    spec = kind.params_model.model_validate(params)
+    specs = split.plan(spec, ctx.xp, settings.fanout_chunks, settings.fanout_min_blocks)
+    if specs is None:
+        return False
+    ctx.progress(0.0, f"lead block of {len(specs) + 1} chunks")
+    lead_spec, lead_output, specs = split.lead(spec, ctx, specs)
+    group_id = str(uuid.uuid4())
+    queue = queue or settings.queue
+    plans = [chunk_store.ChunkPlan(lead_spec, lead_output)] + [chunk_store.ChunkPlan(item) for item in specs]
+
+    def record() -> tuple[list[str] | None, JobPriority]:
+        with session_scope() as session:
+            ids = chunk_store.fan_out(session, job_id, worker=worker, group_id=group_id, device=worker_device(ctx.xp),
+                                      queue=queue, chunks=plans)
+            return ids, job_store.priority_of(session, job_id)
+
+    ids, priority = retry_infrastructure(record, what="record the chunks", budget_seconds=settings.worker_retry_seconds,
+                                         job_id=job_id)
+    if ids is None:
+        raise JobCancelled(f"job {job_id} was cancelled before its chunks were sent")
+    try:
+        send_chord(job_id, group_id, ids[1:], queue, priority)
+    except Exception as exc:  # the chunks are queued with their send time: the reapers send them again
+        log.error("could not send a fanned-out job's chord; the reapers re-send its chunks", job_id=job_id,
+                  error=describe(exc))
+    log.info("job fanned out", job_id=job_id, chunks=len(ids), group_id=group_id)
+    return True
+
+
+def _callback(job_id: str, queue: str) -> Any:
+    return core.queue.get_celery_app().signature(REDUCE_TASK, args=(job_id,), immutable=True,
+                                                 options={"queue": queue})
+
+
+def send_chord(job_id: str, group_id: str, chunk_ids: Sequence[str], queue: str, priority: JobPriority) -> None:
+    """The chord of a fanned-out job: one ``run_chunk`` per chunk, its task id the chunk's, group id ours."""
+    from celery import chord
+
+    app = core.queue.get_celery_app()
+    header = [
+        app.signature(RUN_CHUNK_TASK, args=(job_id, chunk_id),
+                      options={"task_id": chunk_id, "queue": queue,
+                               "priority": core.queue.MESSAGE_PRIORITY[priority]})
+        for chunk_id in chunk_ids
+    ]  # fmt: skip
+    # The chord's own task id becomes its group's id (chord.apply_async), which the chunks' rows hold so
+    # that a re-sent chunk joins the same group; the callback gets an id of its own.
+    # interval: where the result backend cannot count parts (SQLite), celery.chord_unlock polls the parts'
+    # results this often (Celery's default, 1 s, would add up to a second to every fanned-out job).
+    chord(header, _callback(job_id, queue)).set(task_id=group_id).apply_async(
+        task_id=str(uuid.uuid4()), interval=CHORD_UNLOCK_INTERVAL_SECONDS)
+
+
+def resend_chunk(chunk: JobChunk, priority: JobPriority = JobPriority.NORMAL) -> None:
+    """Send a chunk's message again as the chord part it is: same task id, group id, place and callback."""
+    queue = chunk.queue or get_settings().queue
+    core.queue.get_celery_app().send_task(
+        RUN_CHUNK_TASK, args=[chunk.job_id, chunk.id], task_id=chunk.id, group_id=chunk.group_id,
+        group_index=chunk.chunk_index - 1, chord=_callback(chunk.job_id, queue), queue=queue,
+        priority=core.queue.MESSAGE_PRIORITY[priority], ignore_result=False,
+    )  # fmt: skip
+
+
+# --- a chunk ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimedChunk:
+    job_id: str
+    index: int
+    kind: JobKind
+    params: dict[str, Any]
+    spec: dict[str, Any]
+    xp: ModuleType
+
+
+class ChunkProgress:
+    """Progress of a chunk (and so of its job), at most every half second; raises :class:`JobCancelled`
+    once the job was cancelled or has ended (a sibling chunk failed), :class:`WorkerStopping` on a warm
+    shutdown."""
+
+    def __init__(self, chunk_id: str, worker: str) -> None:
+        self.chunk_id, self.worker = chunk_id, worker
+        self._last_write = 0.0
+
+    def __call__(self, fraction: float, stage: str | None = None) -> None:
+        if fraction >= 1.0:
+            return
+        if worker_stopping.is_set():
+            raise WorkerStopping(f"worker stopping; chunk {self.chunk_id} goes back to the queue")
+        now = time.monotonic()
+        if now - self._last_write < PROGRESS_INTERVAL_SECONDS:
+            return
+        self._last_write = now
+
+        def write() -> bool:
+            with session_scope() as session:
+                return chunk_store.record_chunk_progress(session, self.chunk_id, worker=self.worker,
+                                                         progress=float(fraction))
+
+        try:
+            stop = retry_infrastructure(write, what="record chunk progress", budget_seconds=1.0)
+        except InfrastructureUnavailable:
+            return  # a report, not the work: the chunk goes on
+        if stop:
+            raise JobCancelled(f"chunk {self.chunk_id}: its job was cancelled or has ended")
+
+    def save_artifact(self, name: str, value: Any) -> None:
+        raise NotImplementedError("a chunk of a fanned-out job saves no artifacts")
+
+
+class ChunkHeartbeat(Heartbeat):
+    """Stamps the chunk's heartbeat while it computes (the reaper watches chunks, not their job)."""
+
+    def _stamp(self) -> None:
+        with session_scope() as session:
+            chunk_store.chunk_heartbeat(session, self._job_id, worker=self._worker)
+
+
+def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
+    """Claim and run one chunk; returns its terminal status, ``queued`` when handed back, None when it was not
+    ours to run."""
+    settings = get_settings()
+    if worker_stopping.is_set():
+        _resend_queued(chunk_id)
+        return None
+    try:
+        claimed = retry_infrastructure(lambda: _claim_chunk(chunk_id, worker), what="claim a chunk",
+                                       budget_seconds=settings.worker_retry_seconds, job_id=chunk_id)
+    except InfrastructureUnavailable:
+        return None  # still queued: a reaper sends it again
+    if claimed is None:
+        return None
+    log.info("chunk started", job_id=claimed.job_id, chunk=claimed.index, worker=worker)
+    ctx = RunContext(claimed.xp, ChunkProgress(chunk_id, worker), _no_datasets)
+    started = time.perf_counter()
+    status, output, error = JobStatus.SUCCEEDED, None, None
+    with ChunkHeartbeat(chunk_id, worker, settings.heartbeat_seconds):
+        try:
+            spec = claimed.kind.params_model.model_validate(claimed.params)
+            output = SPLITS[claimed.kind.name].run(spec, ctx, claimed.spec)
+        except WorkerStopping:
+            return _hand_back_chunk(chunk_id, worker)
+        except JobCancelled:
+            status = JobStatus.CANCELLED
+        except Exception as exc:
+            if is_infrastructure_error(exc):  # left running: the reaper re-queues it once its heartbeat is stale
+                log.error("chunk stopped by a database or broker error", chunk_id=chunk_id, error=describe(exc))
+                return None
+            status, error = JobStatus.FAILED, _chunk_error(claimed, exc)
+    timings = {**ctx.timer.as_dict(), "run": time.perf_counter() - started}
+
+    def finish() -> bool:
+        with session_scope() as session:
+            return (chunk_store.finish_chunk(session, chunk_id, worker=worker, status=status, output=output,
+                                             error=error, timings=timings)
+                    or chunk_store.chunk_finished_by(session, chunk_id, worker=worker, status=status))
+
+    try:
+        recorded = retry_infrastructure(finish, what="store a chunk", job_id=chunk_id,
+                                        budget_seconds=settings.worker_result_retry_seconds)
+    except InfrastructureUnavailable:
+        return None  # the reaper re-runs it
+    log.info("chunk finished", job_id=claimed.job_id, chunk=claimed.index, status=status, recorded=recorded,
+             run_seconds=round(timings["run"], 3))
+    if recorded and status != JobStatus.SUCCEEDED:
+        settle(claimed.job_id)  # a failed chunk fails its job now; the others stop at their next checkpoint
+    return status if recorded else None
+
+
+def chunk_ended(chunk_id: str) -> bool:
+    """Whether the chunk is gone or has ended; False when the database cannot say (the reaper decides)."""
+    def read() -> bool:
+        with session_scope() as session:
+            chunk = session.get(JobChunk, chunk_id)
+            return chunk is None or chunk.status in TERMINAL_STATUSES
+
+    try:
+        return retry_infrastructure(read, what="read a chunk", budget_seconds=5.0, job_id=chunk_id)
+    except InfrastructureUnavailable:
+        return False
+
+
+def _no_datasets(field: str) -> Any:
+    raise ValueError(f"{field}: a chunk of a fanned-out job reads no dataset")
+
+
+def _claim_chunk(chunk_id: str, worker: str) -> ClaimedChunk | None:
+    with session_scope() as session:
+        chunk = session.get(JobChunk, chunk_id)
+        if chunk is None or chunk.status != JobStatus.QUEUED:
+            return None  # a duplicate message, or the chunk was re-run meanwhile
+        job = session.get(Job, chunk.job_id)
+        if job is None or job.status != JobStatus.RUNNING or job.cancel_requested:
+            chunk_store.cancel_open_chunks(session, chunk.job_id)
+            return None
+        kind = get_kind(job.kind)
+        try:
+            xp = namespace_for(kind)
+        except (GPUUnavailableError, ValueError):
+            return None  # this worker cannot compute it (refused at start anyway): left for another
+        if not chunk_store.claim_chunk(session, chunk_id, worker=worker, device=worker_device(xp)):
+            return None
+        return ClaimedChunk(job.id, chunk.chunk_index, kind, dict(job.params), dict(chunk.spec), xp)
+
+
+def _chunk_error(claimed: ClaimedChunk, exc: Exception) -> dict[str, Any]:
+    correlation_id = uuid.uuid4().hex
+    if isinstance(exc, (ValueError, KeyError)):
+        code, message = "kernel_error", f"chunk {claimed.index}: {exc}"
+    else:
+        log.error("chunk raised an unexpected error", job_id=claimed.job_id, chunk=claimed.index,
+                  correlation_id=correlation_id, error=describe(exc), traceback=traceback.format_exc())
+        code = "internal_error"
+        message = (f"chunk {claimed.index} stopped on an unexpected error ({type(exc).__name__}); the worker's "
+                   f"log has the details under correlation id {correlation_id}")
+    return {"type": type(exc).__name__, "code": code, "message": message[:MAX_MESSAGE_CHARS],
+            "correlation_id": correlation_id}
+
+
+def _hand_back_chunk(chunk_id: str, worker: str) -> JobStatus | None:
+    with session_scope() as session:
+        released = chunk_store.release_chunk(session, chunk_id, worker=worker)
+    if released:
+        _resend_queued(chunk_id)
+        return JobStatus.QUEUED
+    return None
+
+
+def _resend_queued(chunk_id: str) -> None:
+    with session_scope() as session:
+        chunk = session.get(JobChunk, chunk_id)
+        if chunk is None or chunk.status != JobStatus.QUEUED:
+            return
+        session.expunge(chunk)
+        priority = job_store.priority_of(session, chunk.job_id)
+    try:
+        resend_chunk(chunk, priority)
+    except Exception as exc:  # its send time is in the row: a reaper sends it later
+        log.error("could not re-send a chunk", chunk_id=chunk_id, error=describe(exc))
+
+
+# --- the reduction --------------------------------------------------------------------------------------
+
+
+def settle(job_id: str) -> JobStatus | None:
+    """End a fanned-out job whose chunks allow it (the chord's callback, a failed chunk, or a reaper): failed
+    as soon as one chunk failed, else once every chunk ended: succeeded with the reduction of the chunks'
+    outputs in order, or cancelled. One conditional UPDATE, so callers racing have one winner; returns the
+    status it set, or None."""
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.status != JobStatus.RUNNING or not (job.worker or "").startswith(
+                chunk_store.FANOUT_WORKER_PREFIX):
+            return None
+        chunks = chunk_store.chunks_of(session, job_id)
+        statuses = [JobStatus(chunk.status) for chunk in chunks]
+        failed = [chunk for chunk in chunks if chunk.status == JobStatus.FAILED]
+        if not failed and any(status not in (JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.FAILED)
+                              for status in statuses):
+            return None  # chunks still to run
+        result, error = None, None
+        if failed:
+            status, error = JobStatus.FAILED, dict(failed[0].error or {})
+        elif all(status == JobStatus.SUCCEEDED for status in statuses):
+            status, result, error = _reduced(job, chunks)
+        else:
+            status = JobStatus.CANCELLED
+        run_seconds = _seconds(job.started_at, utcnow()) or 0.0
+        timings = {"queue_wait": _seconds(job.created_at, job.started_at), "run": run_seconds, "chunks": len(chunks)}
+        if not job_store.finish(session, job_id, worker=job.worker or "", status=status, result=result,
+                                error=error, timings=timings):
+            return None
+        chunk_store.cancel_open_chunks(session, job_id)
+        unfinished = [chunk.id for chunk in chunks[1:] if chunk.status != JobStatus.SUCCEEDED]
+    log.info("job finished", job_id=job_id, status=status, chunks=len(chunks), run_seconds=round(run_seconds, 3))
+    _release_chord(unfinished)
+    return status
+
+
+def _release_chord(chunk_ids: Sequence[str]) -> None:
+    """Where the result backend cannot count parts (SQLite), ``celery.chord_unlock`` polls the parts' results
+    until every one is stored, without end: a job that ended with chunks that never returned (failed by the
+    reaper, cancelled before a message came) stores their results, so the poll ends (its callback finds the
+    job ended). Redis counts parts and its chord's keys expire: nothing to do there."""
+    backend = core.queue.get_celery_app().backend
+    if not chunk_ids or backend.supports_native_join:
+        return
+    try:
+        for chunk_id in chunk_ids:
+            backend.store_result(chunk_id, chunk_id, "SUCCESS")
+    except Exception as exc:  # the poll goes on; nothing else depends on it
+        log.warning("could not release a chord's poll", error=describe(exc))
+
+
+def _reduced(job: Job, chunks: Sequence[JobChunk]) -> tuple[JobStatus, dict[str, Any] | None,
+                                                             dict[str, Any] | None]:
+    """The reduction as the job's outcome: succeeded with the result, or failed with what stopped it (a
+    reduction that raises would otherwise be retried by every reaper pass and never end the job)."""
+    try:
+        return JobStatus.SUCCEEDED, _reduce(job, chunks), None
+    except Exception as exc:
+        correlation_id = uuid.uuid4().hex
+        log.error("the reduction of a fanned-out job failed", job_id=job.id, correlation_id=correlation_id,
+                  error=describe(exc), traceback=traceback.format_exc())
+        message = (f"the reduction of the job's chunks stopped on an unexpected error ({type(exc).__name__}); the "
+                   f"worker's log has the details under correlation id {correlation_id}")
+        return JobStatus.FAILED, None, {"type": type(exc).__name__, "code": "internal_error", "message": message,
+                                        "correlation_id": correlation_id}
+
+
+def _reduce(job: Job, chunks: Sequence[JobChunk]) -> dict[str, Any]:
+    """The job's result JSON from its chunks, in chunk order (the order of their blocks), with the device and
+    the stage timings summed over the chunks stamped as :func:`kernels.context.run_kind` would."""
+    kind = get_kind(job.kind)
+    spec: JobParams = kind.params_model.model_validate(job.params)
+    result = SPLITS[kind.name].reduce(spec, [chunk.spec for chunk in chunks], [chunk.output or {} for chunk in chunks])
+    stages: dict[str, float] = {}
+    for chunk in chunks:
+        for stage, seconds in (chunk.timings or {}).items():
+            if stage != "run" and isinstance(seconds, int | float):
+                stages[stage] = stages.get(stage, 0.0) + float(seconds)
+    devices = sorted({chunk.device for chunk in chunks if chunk.device})
+    stamped = result.model_copy(update={"device": " + ".join(devices), "timings": stages})
+    return json.loads(stamped.model_dump_json())
+
+
+def _seconds(start: Any, end: Any) -> float | None:
+    if start is None or end is None:
+        return None
+    return (end.replace(tzinfo=None) - start.replace(tzinfo=None)).total_seconds()
+
+
+# --- the reapers' part ------------------------------------------------------------------------------------
+
+
+def reap_chunks(stale_after: timedelta, max_attempts: int, idle: bool, queue: str) -> dict[str, int]:
+    """Chunks of lost workers go back to the queue alone (or fail their job once their attempts are spent);
+    while this worker is idle, lost chunk messages of its queue are sent again; jobs whose chunks all ended
+    a stale limit ago without a reduction are reduced."""
+    counts = {"chunks_requeued": 0, "chunks_failed": 0, "chunks_resent": 0, "reduced": 0}
+    with session_scope() as session:
+        reaped = []
+        for chunk in chunk_store.stale_running_chunks(session, stale_after=stale_after):
+            outcome = chunk_store.requeue_or_fail_stale_chunk(session, chunk, max_attempts=max_attempts)
+            if outcome is not None:
+                reaped.append((chunk.id, chunk.job_id, outcome))
+    for chunk_id, job_id, outcome in reaped:
+        log.warning("reaped a chunk of a lost worker", job_id=job_id, chunk_id=chunk_id, outcome=outcome)
+        if outcome == JobStatus.QUEUED:
+            counts["chunks_requeued"] += 1
+            _resend_queued(chunk_id)
+        else:
+            counts["chunks_failed"] += 1
+            settle(job_id)
+    if idle:
+        with session_scope() as session:
+            lost = [chunk.id for chunk in chunk_store.lost_queued_chunks(session, queue=queue,
+                                                                         not_sent_for=stale_after)]
+        for chunk_id in lost:
+            with session_scope() as session:
+                if not chunk_store.mark_chunk_resent(session, chunk_id, not_sent_for=stale_after):
+                    continue
+            _resend_queued(chunk_id)
+            counts["chunks_resent"] += 1
+    with session_scope() as session:
+        settled = chunk_store.settled_fanouts(session, settled_for=stale_after)
+    for job_id in settled:
+        if settle(job_id) is not None:
+            log.warning("reduced a fanned-out job whose chord callback did not come", job_id=job_id)
+            counts["reduced"] += 1
+    return counts

@@ -2,6 +2,7 @@
 #   docker build --target api        -t gpuest-api .         (FastAPI + the CLI; also runs the migrations)
 #   docker build --target worker-gpu -t gpuest-worker-gpu .  (Celery worker on the CUDA 13 runtime + CuPy)
 # docker-compose.yml builds both. Not built here (no Docker engine on the development machines).
+# Both install with `-c constraints.txt`: the same versions as CI (CuPy and its CUDA wheels are not pinned).
 
 # One Python in both images: 3.12, the python3 of the CUDA image's Ubuntu 24.04. The GPU image needs an NVIDIA
 # driver of the CUDA 13.0 branch (>= 580) on the host; NVRTC's headers come from CuPy's [ctk] extra (the
@@ -12,7 +13,7 @@ ARG CUDA_IMAGE=nvidia/cuda:13.0.1-runtime-ubuntu24.04
 # -- source: only the files the package needs, shared by both images ------------------------------
 FROM ${PYTHON_IMAGE} AS source
 WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md alembic.ini constraints.txt ./
 COPY api/ api/
 COPY cli/ cli/
 COPY core/ core/
@@ -31,7 +32,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY --from=source /app /app
 # Editable, so the Alembic scripts in /app/migrations (not a Python package) are found beside the code.
-RUN pip install -e . \
+RUN pip install -c constraints.txt -e . \
     && useradd --create-home --uid 10001 gpuest \
     && mkdir -p /data && chown gpuest /data
 USER gpuest
@@ -60,7 +61,7 @@ RUN apt-get update \
     && python3 -m venv /opt/venv
 WORKDIR /app
 COPY --from=source /app /app
-RUN pip install -e '.[gpu]' \
+RUN pip install -c constraints.txt -e '.[gpu]' \
     && python -m worker.compile_check \
     && useradd --create-home --uid 10001 gpuest \
     && mkdir -p /data && chown gpuest /data

@@ -16,7 +16,7 @@ from api.body_limit import MAX_JSON_BODY_BYTES, BodyLimitMiddleware
 from api.deps import OwnerCache
 from api.metrics import RequestMiddleware, build_registry
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers, route_methods
-from api.routes import datasets, groups, health, jobs, pages, plots
+from api.routes import datasets, groups, health, jobs, pages, plots, webhooks
 from api.schemas import PROBLEM_RESPONSES
 from api.text_guard import StorableTextGuard
 from core.logging import configure_logging
@@ -79,6 +79,7 @@ def create_app() -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(datasets.router)
     app.include_router(groups.router)
+    app.include_router(webhooks.router)
     app.include_router(plots.router)
     app.include_router(pages.router)
     app.mount("/static/swagger", StaticFiles(directory=pages.swagger_dir()), name="swagger")

@@ -15,7 +15,7 @@ from core.status import JobPriority, JobStatus
 from kernels.registry import JobKind
 from kernels.spec import ResultModel
 from store.events import EventType
-from store.models import Dataset, Job, JobEvent
+from store.models import Dataset, Job, JobEvent, WebhookDelivery
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
@@ -35,6 +35,15 @@ PRIORITY_DESCRIPTION = ("high runs before normal, normal before low: a queued jo
                         "first (a job already running is not interrupted)")
 
 
+CALLBACK_URL_DESCRIPTION = (
+    "Optional webhook: POSTed a signed JSON body once the job (or group) finishes: {event, delivery_id, type, id, "
+    "kind, status, finished_at, url, result_url, ...}. Headers X-Gpuest-Timestamp (unix seconds) and "
+    "X-Gpuest-Signature: sha256=<hex of HMAC-SHA256(your signing secret, timestamp + '.' + raw body)>; the secret "
+    "is at GET /v1/webhooks/secret. https, or http to a loopback address unless the operator allows more; no "
+    "redirects followed; retried with exponential backoff on failure (any non-2xx answer)"
+)
+
+
 def job_request_model(kind: JobKind) -> type[BaseModel]:
     # The kind's runnable example is the documented one (dataset fields may hold placeholder ids).
     example = {"kind": kind.name, "params": dict(kind.example.params)}
@@ -49,6 +58,7 @@ def job_request_model(kind: JobKind) -> type[BaseModel]:
         kind=(Literal[kind.name], Field(description=kind.summary or kind.name)),  # type: ignore[valid-type]
         params=(kind.params_model, Field(description=f"Parameters of {kind.name}")),
         priority=(JobPriority, Field(JobPriority.NORMAL, description=PRIORITY_DESCRIPTION)),
+        callback_url=(str | None, Field(None, min_length=1, max_length=2000, description=CALLBACK_URL_DESCRIPTION)),
     )
 
 
@@ -100,6 +110,42 @@ def eta_seconds(job: Job, now: datetime | None = None) -> float | None:
     return round(max(elapsed, 0.0) * (1.0 - progress) / progress, 1)
 
 
+class CallbackAttemptOut(BaseModel):
+    """One delivery attempt: what the receiver answered, or a short reason (never a host or an address)."""
+
+    attempt: int
+    at: datetime
+    status_code: int | None = Field(None, description="the receiver's HTTP status, when it answered")
+    error: str | None = Field(None, description="e.g. HTTP 500, timeout, connection failed, redirect not followed "
+                              "(HTTP 302); null when delivered")
+    seconds: float
+    next_attempt_at: datetime | None = Field(None, description="when the next attempt was scheduled (backoff)")
+
+
+class CallbackOut(BaseModel):
+    """The webhook of a job or group (its ``callback_url``) and how delivering it went."""
+
+    url: str
+    status: Literal["waiting", "pending", "delivered", "failed"] = Field(
+        description="waiting (not finished yet), pending (attempts due), delivered, or failed (attempts spent or "
+        "the target refused by the server's settings)")
+    attempts: int
+    next_attempt_at: datetime | None
+    delivered_at: datetime | None
+    attempt_log: list[CallbackAttemptOut] = Field(description="every attempt, oldest first")
+
+    @classmethod
+    def from_row(cls, row: WebhookDelivery | None) -> CallbackOut | None:
+        if row is None:
+            return None
+        return cls(
+            url=row.url, status=row.status, attempts=row.attempts or 0,  # type: ignore[arg-type]
+            next_attempt_at=as_utc(row.next_attempt_at) if row.status == "pending" else None,
+            delivered_at=as_utc(row.delivered_at),
+            attempt_log=[CallbackAttemptOut.model_validate(entry) for entry in row.attempt_log or []],
+        )
+
+
 class JobOut(BaseModel):
     id: str
     kind: str
@@ -122,10 +168,12 @@ class JobOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     artifacts: list[str] = Field(description="names accepted by /v1/jobs/{id}/artifacts/{name}")
+    callback: CallbackOut | None = Field(None, description="the job's webhook (callback_url) and its delivery log; "
+                                         "null without one")
     links: JobLinks
 
     @classmethod
-    def from_row(cls, job: Job) -> JobOut:
+    def from_row(cls, job: Job, delivery: WebhookDelivery | None = None) -> JobOut:
         base = f"/v1/jobs/{job.id}"
         error = job.error if isinstance(job.error, dict) else None
         return cls(
@@ -150,6 +198,7 @@ class JobOut(BaseModel):
             started_at=as_utc(job.started_at),
             finished_at=as_utc(job.finished_at),
             artifacts=sorted((job.artifacts or {}).keys()),
+            callback=CallbackOut.from_row(delivery),
             links=JobLinks(self=base, cancel=f"{base}/cancel", result=f"{base}/result", artifacts=f"{base}/artifacts"),
         )
 
@@ -183,7 +232,7 @@ class JobEventOut(BaseModel):
     at: datetime
     level: Literal["info", "warning", "error"]
     type: EventType = Field(description="submitted, started, stage, succeeded, failed, cancelled, cancel_requested, "
-                            "requeued, resent, retry or warning")
+                            "requeued, resent, retry, warning or webhook")
     message: str
     data: dict[str, Any] | None = None
 
@@ -238,6 +287,18 @@ class DatasetOut(BaseModel):
 
 class DatasetPage(Page):
     items: list[DatasetOut]
+
+
+class DatasetFromArtifact(BaseModel):
+    """``POST /v1/datasets/from-artifact``: one of your succeeded jobs' table artifacts as a new dataset."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    job: str = Field(min_length=1, max_length=64, description="id of one of your jobs that has succeeded")
+    artifact: str = Field(min_length=1, max_length=200,
+                          description="name of one of its table artifacts, e.g. outcomes or covariates of sccs_eras")
+    name: str | None = Field(default=None, min_length=1, max_length=500,
+                             description="the dataset's name (default: the artifact, the kind and the job id)")
 
 
 # -- service ---------------------------------------------------------------------------------------------
@@ -315,6 +376,8 @@ class JobGroupRequest(BaseModel):
     )
     priority: JobPriority = Field(JobPriority.LOW, description="the members' priority (default low: a single job "
                                   "submitted meanwhile runs before them)")
+    callback_url: str | None = Field(None, min_length=1, max_length=2000, description=CALLBACK_URL_DESCRIPTION
+                                     + "; for a group: called once, when every member has finished")
 
 
 class JobGroupLinks(BaseModel):
@@ -337,8 +400,19 @@ class JobGroupOut(BaseModel):
     spec: dict[str, Any] = Field(description="the request's base and grid or specs")
     cancel_requested: bool
     created_at: datetime
+    callback: CallbackOut | None = Field(None, description="the group's webhook and its delivery log; null without one")
     links: JobGroupLinks
 
 
 class JobGroupPage(Page):
     items: list[JobGroupOut]
+
+
+class WebhookSecretOut(BaseModel):
+    """The caller's webhook signing secret: verify X-Gpuest-Signature with it."""
+
+    secret: str = Field(description="whsec_...: the HMAC-SHA256 key of your deliveries' signatures")
+    signature_header: str = "X-Gpuest-Signature"
+    timestamp_header: str = "X-Gpuest-Timestamp"
+    scheme: str = Field("sha256=<hex of HMAC-SHA256(secret, timestamp + '.' + raw body)>",
+                        description="how the signature is computed")

@@ -18,6 +18,8 @@ from sqlalchemy.orm import Session
 from api.job_checks import dataset_column_errors, dataset_columns, dataset_errors, finite_errors, invalid
 from api.problems import field_error, validation_errors
 from api.schemas import JobGroupRequest
+from api.work_cap import cpu_cap_errors
+from core.settings import Settings
 from kernels.registry import get_kind
 from store.groups import MemberSpec
 
@@ -153,9 +155,11 @@ def _describe(values: Mapping[str, Any]) -> str:
 class MemberChecker:
     """Checks members like single jobs, reading each dataset's schema once for the whole group."""
 
-    def __init__(self, session: Session, owner: str, request_adapter: TypeAdapter[Any], kind_tags: list[str]) -> None:
+    def __init__(self, session: Session, owner: str, request_adapter: TypeAdapter[Any], kind_tags: list[str],
+                 settings: Settings | None = None) -> None:
         self._session, self._owner = session, owner
         self._adapter, self._tags = request_adapter, kind_tags
+        self._settings = settings  # for the CPU work cap (api/work_cap.py); None: not checked
         self._datasets: dict[str, tuple[list[dict[str, Any]], dict[str, list[str]]]] = {}
 
     def check(self, prefix: str, spec: dict[str, Any], values: Mapping[str, Any]) -> tuple[MemberSpec | None, list]:
@@ -169,6 +173,8 @@ class MemberChecker:
         params: BaseModel = body.params
         dataset_ids = kind.dataset_ids(params)
         errors = finite_errors(params) or self._dataset_problems(params, dataset_ids)
+        if not errors and self._settings is not None:
+            errors = cpu_cap_errors(self._session, self._owner, kind, params, dataset_ids, self._settings)
         if errors:
             return None, self._prefixed(prefix, errors, values)
         return MemberSpec(kind.name, params.model_dump(mode="json"), dict(dataset_ids), dict(values)), []

@@ -163,10 +163,15 @@ class GpuestClient:
 
     # -- jobs --------------------------------------------------------------------------------------
 
-    def submit(self, kind: str, params: Mapping[str, Any], idempotency_key: str | None = None) -> Job:
-        """Create a job (202); the same ``idempotency_key`` returns the same job on a retried POST."""
+    def submit(self, kind: str, params: Mapping[str, Any], idempotency_key: str | None = None, *,
+               callback_url: str | None = None) -> Job:
+        """Create a job (202); the same ``idempotency_key`` returns the same job on a retried POST. With
+        ``callback_url``, a signed webhook is POSTed there once the job finishes (README: Webhooks)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return cast(Job, self._json("POST", "/v1/jobs", json={"kind": kind, "params": dict(params)}, headers=headers))
+        body: dict[str, Any] = {"kind": kind, "params": dict(params)}
+        if callback_url is not None:
+            body["callback_url"] = callback_url
+        return cast(Job, self._json("POST", "/v1/jobs", json=body, headers=headers))
 
     def get_job(self, job_id: str) -> Job:
         return cast(Job, self._json("GET", f"/v1/jobs/{job_id}"))
@@ -294,6 +299,11 @@ class GpuestClient:
 
     def delete_dataset(self, dataset_id: str) -> None:
         self._request("DELETE", f"/v1/datasets/{dataset_id}")
+
+    def dataset_from_artifact(self, job_id: str, artifact: str, name: str | None = None) -> Dataset:
+        """A succeeded job's table artifact (e.g. ``outcomes`` of ``sccs_eras``) registered as a dataset."""
+        body: dict[str, Any] = {"job": job_id, "artifact": artifact, **({"name": name} if name else {})}
+        return cast(Dataset, self._json("POST", "/v1/datasets/from-artifact", json=body))
 
 
 def page_items(page: Mapping[str, Any]) -> list[dict[str, Any]]:

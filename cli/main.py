@@ -159,7 +159,8 @@ def report_final(job: Job) -> None:
 
 @app.command()
 def submit(
-    spec_file: Annotated[Path, typer.Argument(help="JSON or YAML file with the create body {kind, params}.")],
+    spec_file: Annotated[Path, typer.Argument(help="JSON or YAML file with the create body {kind, params} "
+                                              "(and an optional callback_url for a webhook).")],
     wait: Annotated[bool, typer.Option("--wait", help="Follow the job with a progress bar until it ends.")] = False,
     idempotency_key: Annotated[
         str | None, typer.Option(help="Idempotency-Key header (default: a fresh UUID, safe to retry)")
@@ -172,7 +173,8 @@ def submit(
     1 if the API refused the request, 4 if the spec file cannot be used."""
     spec = load_spec(spec_file)
     with api_client(url, api_key) as client:
-        job = client.submit(spec["kind"], spec.get("params") or {}, idempotency_key or str(uuid.uuid4()))
+        job = client.submit(spec["kind"], spec.get("params") or {}, idempotency_key or str(uuid.uuid4()),
+                            callback_url=spec.get("callback_url"))
         out.print(job["id"], highlight=False)
         if wait:
             report_final(follow(client, job, poll_interval))
@@ -270,6 +272,30 @@ def result(
     else:
         output.write_text(json.dumps(value, indent=2) + "\n")
         err.print(f"wrote {output}", markup=False)
+
+
+@app.command()
+def events(
+    job_id: str,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every event as the API's objects (a JSON list).")]
+    = False,
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """A job's log, oldest first: submitted, started, stages, re-queues, retries, webhook deliveries, its end."""
+    items: list[dict[str, Any]] = []
+    with api_client(url, api_key) as client:
+        while True:  # every page (200 events a page)
+            page = client.job_events(job_id, offset=len(items))
+            items += page_items(page)
+            if not page.get("next") or not page_items(page):
+                break
+    if as_json:
+        print_json(items)
+        return
+    for event in items:
+        out.print(f"{_short_time(event.get('at'))}  {event.get('level', ''):<7}  {event.get('type', ''):<16}  "
+                  f"{event.get('message', '')}", highlight=False, markup=False)
 
 
 @app.command()
@@ -391,6 +417,24 @@ def datasets_upload(
         out.print(dataset["id"], highlight=False)
 
 
+@datasets_app.command("from-artifact")
+def datasets_from_artifact(
+    job_id: Annotated[str, typer.Argument(help="A succeeded job of yours")],
+    artifact: Annotated[str, typer.Argument(help="One of its table artifacts, e.g. outcomes")],
+    name: Annotated[str | None, typer.Option("--name", help="The dataset's name")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole dataset object.")] = False,
+    url: UrlOption = DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """Register a job's table artifact as a dataset (nothing downloaded); prints its id."""
+    with api_client(url, api_key) as client:
+        dataset = client.dataset_from_artifact(job_id, artifact, name)
+    if as_json:
+        print_json(dataset)
+    else:
+        out.print(dataset["id"], highlight=False)
+
+
 @datasets_app.command("list")
 def datasets_list(
     limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
@@ -450,8 +494,13 @@ def serve(
         Path | None, typer.Option(help="Data directory (default: GPUEST_DATA_DIR or ./var).")
     ] = None,
     workers: Annotated[int, typer.Option(min=1, max=64, help="uvicorn server processes for the API.")] = 1,
+    gpus: Annotated[int, typer.Option(min=0, max=64, help="Celery workers, one per GPU (GPUs 0 .. N-1, pinned "
+                                      "with CUDA_VISIBLE_DEVICES); a splittable job fans out over them.")] = 0,
+    cpu_workers: Annotated[int | None, typer.Option(min=1, max=64, help="Celery workers computing on the CPU "
+                                                    "(instead of --gpus); a splittable job fans out over them.")]
+    = None,
 ) -> None:
-    """Run the embedded stack: migrations, the API and a real Celery worker; Ctrl-C stops both."""
+    """Run the embedded stack: migrations, the API and real Celery workers; Ctrl-C stops them."""
     from cli.serve import StackStartError, serve_forever
     from core.settings import get_settings
 
@@ -462,6 +511,8 @@ def serve(
             data_dir or get_settings().data_dir,
             say=lambda line: err.print(line, highlight=False, markup=False),
             api_workers=workers,
+            gpus=gpus,
+            cpu_workers=cpu_workers,
         )
     except StackStartError as error:
         err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)

@@ -52,7 +52,9 @@ def make_celery(settings: Settings) -> Celery:
     """A Celery application for ``settings``: one job at a time per worker, late acks, JSON messages."""
     from celery import Celery
 
-    app = Celery("gpuest", broker=settings.resolved_broker_url())
+    # The result backend only counts the parts of fanned-out jobs' chords (worker/fanout.py); every other task
+    # ignores its result (the database holds results).
+    app = Celery("gpuest", broker=settings.resolved_broker_url(), backend=settings.resolved_result_backend_url())
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -131,6 +133,7 @@ def _send_over_one_connection(job_ids: list[str], queue: str | None, priority: J
             get_celery_app().send_task(
                 RUN_JOB_TASK, args=[job_id], queue=queue or get_settings().queue, connection=connection,
                 priority=MESSAGE_PRIORITY[JobPriority(priority)],
+                ignore_result=True,  # else a Redis result backend subscribes this process to every job's result
             )
 
 

@@ -40,6 +40,20 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1, description="Runs a job gets before a lost worker fails it")
     visibility_timeout_seconds: int = Field(43_200, ge=60, description="Redis redelivery delay (longest job)")
     queue: str = Field("gpu", description="Celery queue the API sends to and the worker consumes")
+    # issue 19: one job fanned out over the workers of its queue as a Celery chord (worker/fanout.py)
+    fanout_chunks: int = Field(
+        0, ge=0, le=1024,
+        description="Chunks a splittable job (crve_montecarlo) is fanned out into, for the workers of its queue; "
+        "0 or 1: every job runs whole on one worker (`gpuest serve --gpus/--workers N` sets N)",
+    )
+    fanout_min_blocks: int = Field(
+        4, ge=2, description="Fan out only a job of at least this many blocks of replications (a block is the "
+        "unit its single run sums; smaller jobs run whole)",
+    )
+    result_backend_url: str | None = Field(
+        None, description="Celery result backend the chords of fanned-out jobs count their parts in; default: "
+        "the broker's Redis, else a SQLite file <data_dir>/celery-results.sqlite3",
+    )
     worker_alive_file: Path | None = Field(
         None, description="File the worker touches after each reaper pass (for a container healthcheck)"
     )
@@ -91,6 +105,42 @@ class Settings(BaseSettings):
         None, description="File holding admin_key (a Docker/Compose secret, e.g. /run/secrets/gpuest_admin_key)"
     )
     admin_owner: str = Field("admin", min_length=1, description="Owner the admin key acts as")
+    # issue 16: webhooks (store/webhooks.py, worker/webhooks.py)
+    webhook_secret: SecretStr | None = Field(
+        None, min_length=16,
+        description="Server secret the per-owner webhook signing secrets are derived from (HMAC-SHA256); "
+        "default: generated once into <data_dir>/webhook_secret (mode 0600). API and workers must see the same one",
+    )
+    webhook_allow_http: bool = Field(
+        False, description="Accept plain-http callback_url targets on any host (default: https, or http to a "
+        "loopback address only)"
+    )
+    webhook_http_hosts: list[str] = Field(
+        default_factory=list, description='Hosts that may be called over plain http besides loopback, as JSON: '
+        '["receiver.internal"]'
+    )
+    webhook_max_attempts: int = Field(8, ge=1, le=30, description="Delivery attempts before a webhook is given up")
+    webhook_backoff_seconds: float = Field(
+        10.0, gt=0, description="Wait after the first failed delivery; doubled after each further failure"
+    )
+    webhook_backoff_max_seconds: float = Field(3600.0, gt=0, description="Longest wait between two attempts")
+    webhook_timeout_seconds: float = Field(
+        5.0, gt=0, le=60, description="Connect and read timeout of one delivery attempt (redirects are never followed)"
+    )
+    webhook_interval_seconds: float = Field(
+        1.0, gt=0, description="How often a worker looks for finished jobs and groups with a webhook to deliver"
+    )
+    public_url: str | None = Field(
+        None, description="Base URL of the API as clients reach it (e.g. https://gpuest.example.org): webhook "
+        "bodies carry absolute links under it; unset, they carry paths such as /v1/jobs/ID/result",
+    )
+    # issue 16: work per job on CPU workers (kernels/work.py defines each kind's measure)
+    cpu_max_work: dict[str, float] = Field(
+        default_factory=dict, description='Largest work per job on a CPU worker, per kind, as JSON: '
+        '{"crve_montecarlo": 2e9, "ks_solve": 1e8} (units in kernels/work.py); kinds not named are not capped. '
+        "Refused at submission (422) where the API knows jobs run on CPU (GPUEST_DEVICE=cpu, or the embedded "
+        "stack without a GPU), else failed by the CPU worker before it computes",
+    )
     # issue 11: worker and uploads
     max_upload_rows: int = Field(20_000_000, ge=1, description="Most data rows a dataset upload may hold")
     max_upload_columns: int = Field(1_000, ge=1, description="Most columns a dataset upload may hold")
@@ -115,6 +165,14 @@ class Settings(BaseSettings):
 
     def resolved_broker_url(self) -> str:
         return self.broker_url or f"sqla+sqlite:///{(self.data_dir / 'broker.sqlite3').resolve()}"
+
+    def resolved_result_backend_url(self) -> str:
+        if self.result_backend_url:
+            return self.result_backend_url
+        broker = self.resolved_broker_url()
+        if broker.startswith(("redis://", "rediss://")):
+            return broker
+        return f"db+sqlite:///{(self.data_dir / 'celery-results.sqlite3').resolve()}"
 
     @property
     def datasets_dir(self) -> Path:

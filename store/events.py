@@ -35,6 +35,7 @@ class EventType(StrEnum):
     RESENT = "resent"
     RETRY = "retry"
     WARNING = "warning"
+    WEBHOOK = "webhook"  # a callback_url delivery attempt (issue 16)
 
 
 def add_event(

@@ -8,13 +8,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from core.status import TERMINAL_STATUSES, JobPriority, JobStatus
-from store.events import EventType, add_event
+from core.status import ACTIVE_STATUSES, TERMINAL_STATUSES, JobPriority, JobStatus
+from store.chunks import delete_chunks
+from store.events import EventType, add_event, delete_events
+from store.jobs import delete_files_after_commit
 from store.models import Job, JobGroup, utcnow
+from store.webhooks import SubjectType, delete_deliveries
 
 
 @dataclass(frozen=True)
@@ -219,3 +222,36 @@ def member_rows(session: Session, group_id: str) -> list[MemberRow]:
         )
         for index, job_id, status, values, result in rows
     ]
+
+
+class GroupNotFinishedError(ValueError):
+    """A group with queued or running members cannot be deleted: cancel it first."""
+
+    def __init__(self, active: int) -> None:
+        super().__init__(active)
+        self.active = active
+
+
+def delete_finished_group(session: Session, group: JobGroup) -> int:
+    """Delete a group whose members have all ended, with the members (rows, results, artifacts, logs) and the
+    webhooks of both; raises :class:`GroupNotFinishedError` while one is queued or running. Returns the
+    members deleted. The members' files go once the deletion is committed."""
+    active = session.scalar(
+        select(func.count()).select_from(Job).where(Job.group_id == group.id, Job.status.in_(ACTIVE_STATUSES))
+    ) or 0
+    if active:
+        raise GroupNotFinishedError(active)
+    ids = member_ids(session, group.id)
+    deleted = session.execute(
+        delete(Job).where(Job.group_id == group.id, Job.status.in_(TERMINAL_STATUSES))
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if deleted != len(ids):  # a member changed meanwhile: leave everything as it was
+        raise GroupNotFinishedError(len(ids) - deleted)
+    delete_events(session, ids)
+    delete_chunks(session, ids)
+    delete_deliveries(session, SubjectType.JOB, ids)
+    delete_deliveries(session, SubjectType.GROUP, [group.id])
+    delete_files_after_commit(session, ids)
+    session.delete(group)
+    return deleted

@@ -16,8 +16,10 @@ from sqlalchemy.orm import Session
 
 from core.status import ACTIVE_STATUSES, TERMINAL_STATUSES, JobPriority, JobStatus
 from store.artifacts import delete_job_files
+from store.chunks import FANOUT_WORKER_PREFIX, delete_chunks
 from store.events import EventLevel, EventType, add_event, delete_events
 from store.models import Job, utcnow
+from store.webhooks import SubjectType, delete_deliveries
 
 
 def create_job(
@@ -234,8 +236,13 @@ def request_cancel(session: Session, job_id: str, owner: str) -> Job | None:
 
 
 def stale_running_jobs(session: Session, *, stale_after: timedelta, now: datetime | None = None) -> list[Job]:
+    """Running jobs whose worker went silent. A job fanned out into chunks (store/chunks.py) is held by no
+    worker process: the reaper watches its chunks instead."""
     cutoff = (now or utcnow()) - stale_after
-    return list(session.scalars(select(Job).where(Job.status == JobStatus.RUNNING, Job.heartbeat_at < cutoff)).all())
+    held_by_a_process = or_(Job.worker.is_(None), ~Job.worker.startswith(FANOUT_WORKER_PREFIX))
+    return list(session.scalars(
+        select(Job).where(Job.status == JobStatus.RUNNING, Job.heartbeat_at < cutoff, held_by_a_process)
+    ).all())  # fmt: skip
 
 
 def requeue_or_fail_stale(session: Session, job: Job, *, max_attempts: int,
@@ -364,7 +371,7 @@ class JobNotFinishedError(ValueError):
         self.status = job.status
 
 
-def _delete_files_after_commit(session: Session, job_ids: Sequence[str]) -> None:
+def delete_files_after_commit(session: Session, job_ids: Sequence[str]) -> None:
     """The deleted jobs' files go once the deletion is committed (a failed commit keeps rows and files)."""
     def remove_files(_session: Session) -> None:
         for job_id in job_ids:
@@ -389,7 +396,9 @@ def delete_finished_job(session: Session, job_id: str, owner: str) -> bool:
     if not deleted:
         raise JobNotFinishedError(job)
     delete_events(session, [job_id])
-    _delete_files_after_commit(session, [job_id])
+    delete_chunks(session, [job_id])
+    delete_deliveries(session, SubjectType.JOB, [job_id])
+    delete_files_after_commit(session, [job_id])
     return True
 
 
@@ -412,8 +421,10 @@ def expire_finished_jobs(session: Session, *, default_days: float, days_by_owner
         expired += [job_id for (job_id,) in rows]
     if expired:
         delete_events(session, expired)
+        delete_chunks(session, expired)
+        delete_deliveries(session, SubjectType.JOB, expired)
         session.execute(delete(Job).where(Job.id.in_(expired)).execution_options(synchronize_session=False))
-        _delete_files_after_commit(session, expired)
+        delete_files_after_commit(session, expired)
     return expired
 
 

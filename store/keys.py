@@ -47,7 +47,7 @@ def key_secret() -> bytes:
     path = (settings.data_dir / SECRET_FILE_NAME).resolve()
     with _secret_lock:
         if str(path) not in _secret_cache:
-            _secret_cache[str(path)] = _read_or_create_secret_file(path)
+            _secret_cache[str(path)] = read_or_create_secret_file(path)
         return _secret_cache[str(path)]
 
 
@@ -57,7 +57,7 @@ def forget_secret() -> None:
         _secret_cache.clear()
 
 
-def _read_or_create_secret_file(path: Path) -> bytes:
+def read_or_create_secret_file(path: Path) -> bytes:
     """Create the file once, atomically (written under a temporary name, then linked into place, so two
     processes starting together agree on one secret and never read a half-written file)."""
     if not path.exists():

@@ -145,3 +145,61 @@ class JobEvent(Base):
     type: Mapped[str] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(String(1000))
     data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class WebhookDelivery(Base):
+    """A job's or group's ``callback_url`` (issue 16) and how calling it went: ``waiting`` until its subject
+    finishes, then ``pending`` (attempts due at ``next_attempt_at``), ``delivered`` or ``failed`` (attempts
+    spent or the target refused by the server's settings). The workers deliver (worker/webhooks.py), so a
+    restart loses nothing; ``attempt_log`` holds one short record per attempt."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("subject_type", "subject_id", name="uq_webhook_deliveries_subject"),
+        Index("ix_webhook_deliveries_status_next", "status", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    subject_type: Mapped[str] = mapped_column(String(8))  # "job" or "group"
+    subject_id: Mapped[str] = mapped_column(String(36))
+    owner: Mapped[str] = mapped_column(String(200))
+    url: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="waiting")
+    body: Mapped[str | None] = mapped_column(Text, nullable=True)  # the exact bytes signed and sent, once finished
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    attempt_log: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class JobChunk(Base):
+    """One chunk of a job fanned out over workers (issue 19): a part of a Celery chord whose task id is the
+    chunk's id. Chunk 0 is the lead the parent's worker computed before the fan-out. A chunk has the life of
+    a job (queued, running, succeeded, failed, cancelled; attempts, heartbeat, the reaper re-runs it alone);
+    ``spec`` says what it computes and ``output`` holds its partial result until the reduction."""
+
+    __tablename__ = "job_chunks"
+    __table_args__ = (
+        UniqueConstraint("job_id", "chunk_index", name="uq_job_chunks_job_id_chunk_index"),
+        Index("ix_job_chunks_status_heartbeat", "status", "heartbeat_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    chunk_index: Mapped[int] = mapped_column(Integer)
+    group_id: Mapped[str] = mapped_column(String(36))  # the chord's group id (Celery's)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    device: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    queue: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -234,8 +234,8 @@ def test_dockerfile_healthcheck_probes_healthz(instructions: tuple[dockerfile.Co
 
 # -- docker-compose.yml ------------------------------------------------------------------------------
 
-def test_compose_has_the_five_services(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"postgres", "redis", "migrate", "api", "worker"}
+def test_compose_has_the_six_services(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) == {"postgres", "redis", "migrate", "api", "worker", "worker-cpu"}
 
 
 def test_build_targets_are_dockerfile_stages(compose: dict[str, Any], instructions: tuple[Any, ...]) -> None:
@@ -313,7 +313,7 @@ def test_depends_on_conditions_are_satisfiable(compose: dict[str, Any]) -> None:
                 assert "healthcheck" in services[target], f"{name} waits for {target} to be healthy: no healthcheck"
             if condition == "service_completed_successfully":
                 assert services[target].get("restart", "no") == "no", f"{target} must be one-shot"
-    for name in ("api", "worker"):
+    for name in ("api", "worker", "worker-cpu"):
         assert services[name]["depends_on"] == {
             "postgres": {"condition": "service_healthy"},
             "redis": {"condition": "service_healthy"},
@@ -324,7 +324,7 @@ def test_depends_on_conditions_are_satisfiable(compose: dict[str, Any]) -> None:
 def test_healthchecks(compose: dict[str, Any]) -> None:
     services = compose["services"]
     assert {name for name, service in services.items() if "healthcheck" in service} == {
-        "postgres", "redis", "api", "worker"
+        "postgres", "redis", "api", "worker", "worker-cpu"
     }, "every long-running service has a healthcheck"
     assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
     assert services["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
@@ -410,3 +410,83 @@ def test_postgres_health_is_checked_over_tcp_and_compose_v2_is_named(compose: di
     test = " ".join(compose["services"]["postgres"]["healthcheck"]["test"])
     assert "pg_isready -h 127.0.0.1" in test  # the socket answers before TCP on a first start
     assert "Compose v2" in (ROOT / "docker-compose.yml").read_text().split("services:")[0]
+
+
+# -- issue 16: the CPU profile ------------------------------------------------------------------------------
+
+def enabled_services(compose: dict[str, Any], profiles: set[str]) -> set[str]:
+    """What `docker compose up` starts with these profiles active: services without profiles always, the others
+    when one of theirs is active (the Compose specification's rule)."""
+    return {name for name, service in compose["services"].items()
+            if not service.get("profiles") or profiles & set(service["profiles"])}
+
+
+def default_profiles() -> set[str]:
+    """COMPOSE_PROFILES from the project's .env: what a plain `docker compose up` activates (a --profile flag
+    replaces it: compose-go's WithDefaultProfiles reads the variable only when no flag is given)."""
+    values = dict(line.split("=", 1) for line in (ROOT / ".env").read_text().splitlines()
+                  if line.strip() and not line.lstrip().startswith("#"))
+    return {profile.strip() for profile in values["COMPOSE_PROFILES"].split(",") if profile.strip()}
+
+
+def test_the_gpu_worker_is_the_default_and_the_cpu_profile_swaps_it_for_a_cpu_worker(compose: dict[str, Any]) -> None:
+    core = {"postgres", "redis", "migrate", "api"}
+    assert default_profiles() == {"gpu"}
+    assert enabled_services(compose, default_profiles()) == core | {"worker"}
+    assert enabled_services(compose, {"cpu"}) == core | {"worker-cpu"}
+    assert "--profile cpu up" in COMPOSE_FILE.read_text().split("services:")[0]
+
+
+def test_the_cpu_worker_reserves_no_device_and_computes_with_numpy(
+    compose: dict[str, Any], instructions: tuple[dockerfile.Command, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from core.settings import Settings
+    from kernels.backend import requested_device
+
+    gpu, cpu = compose["services"]["worker"], compose["services"]["worker-cpu"]
+    assert "deploy" not in cpu and "CUDA_VISIBLE_DEVICES" not in cpu["environment"]
+    assert cpu["build"]["target"] == "api" and stages(instructions)["api"] == "base"  # python-slim, no CUDA
+    assert command_argv(cpu["command"]) == command_argv(gpu["command"])  # same queue, one job at a time
+    assert cpu["healthcheck"] == gpu["healthcheck"] and cpu["volumes"] == gpu["volumes"]
+    for variable in settings_env_names() | EXTERNAL_ENV:
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in cpu["environment"].items():
+        monkeypatch.setenv(variable, str(value))
+    assert requested_device() == "cpu"
+    settings = Settings()
+    assert settings.worker_alive_file is not None and not settings.worker_alive_file.is_relative_to(settings.data_dir)
+
+
+# -- issue 16: reproducible installs ------------------------------------------------------------------------
+
+def constraint_pins() -> dict[str, str]:
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, str] = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, separator, version = line.partition("==")
+            assert separator and version, f"constraints.txt: {line!r} is not an exact pin"
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_constraints_pin_every_direct_dependency_within_pyproject(
+    instructions: tuple[dockerfile.Command, ...]
+) -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = constraint_pins()
+    for text in [*project["dependencies"], *project["optional-dependencies"]["test"]]:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"constraints.txt does not pin {name} (pyproject: {text}); regenerate it"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"constraints.txt pins {name}=={pins[name]}, outside pyproject's {text}")
+    installs = [" ".join(c.value) for _, c in stage_commands(instructions) if c.cmd == "RUN" and "pip install" in
+                " ".join(c.value)]
+    assert installs and all("-c constraints.txt" in run for run in installs), installs
+    assert "-c constraints.txt" in (ROOT / ".ci" / "run").read_text()

@@ -35,16 +35,19 @@ from core.queue import RUN_JOB_TASK, send
 from core.settings import get_settings
 from core.status import JobPriority, JobStatus
 from kernels import backend, cuda
-from kernels.backend import GPUUnavailableError, device_label
+from kernels.backend import GPUUnavailableError
 from kernels.context import DatasetLoader, RunContext, namespace_for, run_kind
 from kernels.progress import JobCancelled
 from kernels.registry import JobKind, get_kind, registry
+from kernels.work import cap_problem
 from store import jobs as job_store
 from store.artifacts import discard_pending_outcome, load_pending_outcome, save_pending_outcome
 from store.datasets import get_dataset, load_frame
 from store.db import session_scope
 from store.migrate import SchemaNotMigratedError, ensure_migrated
 from store.models import Job, utcnow
+from worker import fanout
+from worker.device import worker_device
 from worker.health import touch
 from worker.infra import (
     InfrastructureUnavailable,
@@ -54,6 +57,7 @@ from worker.infra import (
     retry_infrastructure,
 )
 from worker.progress import Heartbeat, JobProgress, WorkerStopping, worker_stopping
+from worker.webhooks import webhook_loop
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -103,6 +107,32 @@ def run_job(job_id: str) -> str | None:
         _activity.finished()
 
 
+@celery_app.task(name=fanout.RUN_CHUNK_TASK, ignore_result=False)
+def run_chunk(job_id: str, chunk_id: str) -> str:
+    """A part of a fanned-out job's chord (worker/fanout.py). The chord counts a part when its task returns,
+    so the task returns only once the chunk has ended (the database says how); a chunk handed back, left to
+    the reaper or run by another worker ends with ``Ignore`` (no result, not counted): the run that ends it,
+    under the same task id, is the part that counts."""
+    from celery.exceptions import Ignore
+
+    _activity.started()
+    try:
+        fanout.execute_chunk(chunk_id, WORKER_ID)
+    except Exception:  # never fail the chord part: the reaper and the chunk's row take it from here
+        log.error("chunk task failed", job_id=job_id, chunk_id=chunk_id, traceback=traceback.format_exc())
+    finally:
+        _activity.finished()
+    if not fanout.chunk_ended(chunk_id):
+        raise Ignore()
+    return chunk_id
+
+
+@celery_app.task(name=fanout.REDUCE_TASK)
+def reduce_chunks(job_id: str) -> None:
+    """The chord's callback: reduce the chunks into the job's result (a reaper does it if this is lost)."""
+    fanout.settle(job_id)
+
+
 def _seconds_between(start: Any, end: Any) -> float | None:
     if start is None or end is None:
         return None
@@ -122,7 +152,7 @@ class Placement:
 
     @property
     def device(self) -> str:
-        return "unavailable" if self.xp is None else device_label(self.xp)
+        return "unavailable" if self.xp is None else worker_device(self.xp)
 
 
 def place(kind_name: str) -> Placement:
@@ -206,8 +236,10 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
     progress = JobProgress(job_id, worker)
     started = time.perf_counter()
     with Heartbeat(job_id, worker, settings.heartbeat_seconds):
-        outcome = _run(job_id, claimed.placement, claimed.params, claimed.dataset_ids, progress)
+        outcome = _run(job_id, claimed.placement, claimed.params, claimed.dataset_ids, progress, claimed.queue)
     run_seconds = time.perf_counter() - started
+    if outcome.status == JobStatus.RUNNING:  # fanned out: its chunks run on, the chord's callback ends it
+        return JobStatus.RUNNING
     if outcome.status is None or outcome.status == JobStatus.QUEUED:
         return _give_back(job_id, worker, claimed.queue, outcome, run_seconds)
     # Worker-side seconds only: the kernel's per-stage timings are in the result (result["timings"]).
@@ -322,16 +354,23 @@ def _run(
     params: dict[str, Any],
     dataset_ids: dict[str, str],
     progress: JobProgress,
+    queue: str | None = None,
 ) -> Outcome:
     """Run the claimed job. The outcome's status is ``queued`` when this worker began a warm shutdown (the
-    job is to be handed back) and None when the database or broker stayed out of reach."""
+    job is to be handed back), None when the database or broker stayed out of reach, and ``running`` when
+    the job was fanned out into chunks (worker/fanout.py)."""
     if placement.error is not None:
         return _placement_failure(job_id, placement.error)
     assert placement.kind is not None and placement.xp is not None
     try:
         if worker_stopping.is_set():  # the shutdown began between the message and the claim
             raise WorkerStopping(f"worker stopping; job {job_id} goes back to the queue")
+        over_cap = cpu_work_cap_problem(placement, params, dataset_ids)
+        if over_cap is not None:
+            return _failed(job_id, "cpu_work_cap", "CpuWorkCap", over_cap)
         ctx = RunContext(placement.xp, progress, dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids))
+        if fanout.try_fan_out(job_id, progress.worker, placement.kind, params, ctx, queue):
+            return Outcome(JobStatus.RUNNING)
         return Outcome(JobStatus.SUCCEEDED, result=run_kind(placement.kind, params, ctx))
     except WorkerStopping:
         return Outcome(JobStatus.QUEUED)
@@ -352,6 +391,26 @@ def _run(
                       error=describe(exc))
             return Outcome(None)
         return _internal_failure(job_id, exc)
+
+
+def cpu_work_cap_problem(placement: Placement, params: dict[str, Any], dataset_ids: Mapping[str, str]) -> str | None:
+    """The operator's CPU cap (``cpu_max_work``, issue 16), for a job placed on NumPy: the message when its
+    work (kernels/work.py) passes its kind's cap. The API refuses such jobs at submission where it knows they
+    run on CPU; this is the worker's own check for the rest (GPUEST_DEVICE=auto with servers)."""
+    caps = get_settings().cpu_max_work
+    assert placement.kind is not None and placement.xp is not None
+    if placement.kind.name not in caps or not backend.is_numpy(placement.xp):
+        return None
+    spec = placement.kind.params_model.model_validate(params)
+
+    def rows() -> dict[str, int]:
+        with session_scope() as session:
+            found = {field: get_dataset(session, dataset_id) for field, dataset_id in dataset_ids.items()}
+            return {field: int(dataset.n_rows) for field, dataset in found.items() if dataset is not None}
+
+    dataset_rows = retry_infrastructure(rows, what="read a dataset", budget_seconds=get_settings().worker_retry_seconds)
+    problem = cap_problem(placement.kind.name, spec, dataset_rows, caps)
+    return None if problem is None else f"{problem[0]}: {problem[1]}"
 
 
 def _placement_failure(job_id: str, error: Exception) -> Outcome:
@@ -463,8 +522,12 @@ def reap_once() -> dict[str, int]:
             _send_or_leave(job_id, queue or settings.queue, _as_priority(priority))
     # Idle for a whole reaper interval, not just between two jobs of a backlog: a waiting message would
     # have been taken by now, so the queued jobs' messages are the lost ones.
-    if _activity.idle_for() >= settings.reaper_interval_seconds:
+    idle = _activity.idle_for() >= settings.reaper_interval_seconds
+    if idle:
         counts["resent"] = _resend_lost_messages(settings.queue, stale_after)
+    # Chunks of fanned-out jobs: re-run a lost worker's chunk alone, re-send lost chunk messages, reduce a
+    # job whose chord callback was lost.
+    counts.update(fanout.reap_chunks(stale_after, settings.max_attempts, idle, settings.queue))
     if settings.retention_days > 0 or settings.retention_days_by_owner:
         with session_scope() as session:  # retention: finished jobs past their owner's limit, files with them
             expired = job_store.expire_finished_jobs(session, default_days=settings.retention_days,
@@ -593,11 +656,14 @@ def _start_reaper(**_kwargs: Any) -> None:
         target=_reaper_loop, args=(settings.reaper_interval_seconds, settings.worker_alive_file),
         name="gpuest-reaper", daemon=True,
     ).start()
+    # Webhook deliveries (issue 16) in their own thread: a slow receiver must not hold up the reaper's rescues.
+    threading.Thread(target=webhook_loop, args=(settings.webhook_interval_seconds,), name="gpuest-webhooks",
+                     daemon=True).start()
     log.info("worker ready", worker=WORKER_ID, device=_default_device(), queue=settings.queue)
 
 
 def _default_device() -> str:
     try:
-        return device_label(backend.get_namespace())
+        return worker_device(backend.get_namespace())
     except (GPUUnavailableError, ValueError):
         return "unavailable"

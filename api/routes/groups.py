@@ -19,11 +19,13 @@ from fastapi import Path as PathParam
 from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 
+from api.callbacks import check_callback_url, register_callback
 from api.deps import OwnerDep, SessionDep, SettingsDep
 from api.job_checks import check_active_jobs_quota, invalid
 from api.pagination import LimitQuery, OffsetQuery, next_page
 from api.problems import ProblemError, field_error
 from api.schemas import (
+    CallbackOut,
     JobGroupLinks,
     JobGroupOut,
     JobGroupPage,
@@ -36,8 +38,10 @@ from core.queue import send_many
 from core.status import JobPriority
 from kernels.registry import registry
 from store import groups as group_store
+from store import webhooks as webhook_store
 from store.db import storable_text
 from store.models import JobGroup
+from store.webhooks import SubjectType
 
 log = structlog.get_logger("gpuest.api")
 
@@ -88,6 +92,9 @@ def group_out(session: Session, group: JobGroup) -> JobGroupOut:
         spec=dict(group.spec or {}),
         cancel_requested=bool(group.cancel_requested),
         created_at=as_utc(group.created_at),
+        callback=CallbackOut.from_row(
+            webhook_store.deliveries_for(session, SubjectType.GROUP, [group.id]).get(group.id)
+        ),
         links=JobGroupLinks(
             self=base, cancel=f"{base}/cancel", results=f"{base}/results", jobs=f"/v1/jobs?group_id={group.id}"
         ),
@@ -119,17 +126,19 @@ def create_group(
     """Expand the grid (or the specs), check every member like a single job, store the group and its members
     as queued in one transaction (all or none) and ring the worker queue for each."""
     planned, varying = planned_members(body, settings.max_group_jobs)
+    check_callback_url(body.callback_url, settings)
     existing = group_store.find_by_idempotency_key(session, owner, idempotency_key) if idempotency_key else None
     spec = body.model_dump(mode="json", include={"base", "grid", "specs"}, exclude_none=True)
     if existing is not None:
-        if existing.spec != spec:
+        existing_callback = webhook_store.deliveries_for(session, SubjectType.GROUP, [existing.id]).get(existing.id)
+        if existing.spec != spec or (existing_callback.url if existing_callback else None) != body.callback_url:
             raise ProblemError(
                 422, "this Idempotency-Key was already used for a different job group", slug="idempotency-key-reused"
             )
         response.headers["Idempotent-Replayed"] = "true"
         response.headers["Location"] = f"/v1/job-groups/{existing.id}"
         return group_out(session, existing)
-    members = check_members(MemberChecker(session, owner, member_adapter(), sorted(registry())), planned)
+    members = check_members(MemberChecker(session, owner, member_adapter(), sorted(registry()), settings), planned)
     check_active_jobs_quota(session, owner, settings, None, new_jobs=len(members))
     group, job_ids, created = group_store.create_group(
         session,
@@ -142,6 +151,8 @@ def create_group(
         queue=settings.queue,
         idempotency_key=idempotency_key,
     )
+    if created:
+        register_callback(session, SubjectType.GROUP, group.id, owner, body.callback_url)
     session.commit()
     if created:
         ring_members(job_ids, settings.queue, body.priority)
@@ -191,6 +202,30 @@ def cancel_group(group: OwnedGroupDep, session: SessionDep) -> JobGroupOut:
     session.commit()
     log.info("job group cancel requested", group_id=group.id, cancelled=cancelled, flagged=flagged)
     return group_out(session, group)
+
+
+@router.delete(
+    "/{group_id}",
+    status_code=204,
+    responses={**NOT_FOUND_RESPONSES, 204: {"description": "Deleted: the group, its members, their results and "
+                                             "artifacts"},
+               409: {"description": "Members are queued or running: cancel the group first"}},
+    summary="Delete a finished job group",
+)
+def delete_group(group: OwnedGroupDep, session: SessionDep) -> Response:
+    """Delete a group whose members have all ended, with every member (its result, artifacts and log) and the
+    webhooks; the datasets they read stay. While a member is queued or running: 409, cancel the group first."""
+    try:
+        deleted = group_store.delete_finished_group(session, group)
+    except group_store.GroupNotFinishedError as error:
+        raise ProblemError(
+            409, f"{error.active} member(s) of job group {group.id} are queued or running: cancel the group "
+            f"(POST /v1/job-groups/{group.id}/cancel), then delete it once they have stopped",
+            slug="job-group-not-finished", extensions={"active_members": error.active},
+        ) from None
+    session.commit()
+    log.info("job group deleted", group_id=group.id, members=deleted)
+    return Response(status_code=204)
 
 
 def _lookup(value: Any, path: list[str]) -> tuple[bool, Any]:

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from api.callbacks import check_callback_url, register_callback
 from api.deps import JobIdPath, OwnerDep, SessionDep, SettingsDep
 from api.job_checks import check_active_jobs_quota, check_dataset_columns, check_datasets, check_finite
 from api.pagination import LimitQuery, OffsetQuery, next_page
@@ -29,14 +30,17 @@ from api.schemas import (
     job_request_union,
     job_result_union,
 )
+from api.work_cap import check_cpu_work_cap
 from core.queue import send
 from core.status import JobPriority, JobStatus
 from kernels.registry import get_kind, registry, result_models
 from store import events as event_store
 from store import jobs as job_store
+from store import webhooks as webhook_store
 from store.artifacts import ARTIFACT_NAME_CHARS, job_artifact_dir
 from store.db import session_scope, storable_text
 from store.models import Job
+from store.webhooks import SubjectType
 
 log = structlog.get_logger("gpuest.api")
 
@@ -81,7 +85,12 @@ OwnedJobDep = Annotated[Job, Depends(owned_job)]
 
 def job_out(job_id: str, owner: str) -> JobOut:
     with session_scope() as session:
-        return JobOut.from_row(find_owned_job(session, job_id, owner))
+        return job_with_callback(session, find_owned_job(session, job_id, owner))
+
+
+def job_with_callback(session: Session, job: Job) -> JobOut:
+    """The job as the API shows it, with its webhook's delivery log when it has one."""
+    return JobOut.from_row(job, webhook_store.deliveries_for(session, SubjectType.JOB, [job.id]).get(job.id))
 
 
 def ring_worker_queue(job: Job) -> None:
@@ -125,13 +134,17 @@ def create_job(
     dataset_ids = kind.dataset_ids(params)
     check_datasets(session, owner, dataset_ids)
     check_dataset_columns(session, owner, params, dataset_ids)
+    check_cpu_work_cap(session, owner, kind, params, dataset_ids, settings)
     stored_params = params.model_dump(mode="json")
+    check_callback_url(body.callback_url, settings)
     check_active_jobs_quota(session, owner, settings, idempotency_key)
     job, created = job_store.create_job(
         session, owner=owner, kind=kind.name, params=stored_params, dataset_ids=dataset_ids,
         idempotency_key=idempotency_key, queue=settings.queue, priority=body.priority,
     )
-    if not created and (job.kind != kind.name or job.params != stored_params):
+    if created:
+        register_callback(session, SubjectType.JOB, job.id, owner, body.callback_url)
+    elif job.kind != kind.name or job.params != stored_params or _callback_url(session, job) != body.callback_url:
         raise idempotency_key_reused()
     if not created and job.status == JobStatus.QUEUED:
         # A retried POST re-rings the doorbell (the first message may be what got lost); the new send time
@@ -145,7 +158,12 @@ def create_job(
     else:
         response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return JobOut.from_row(job)
+    return job_with_callback(session, job)
+
+
+def _callback_url(session: Session, job: Job) -> str | None:
+    delivery = webhook_store.deliveries_for(session, SubjectType.JOB, [job.id]).get(job.id)
+    return None if delivery is None else delivery.url
 
 
 @router.get("", response_model=JobPage, summary="List jobs")
@@ -162,8 +180,9 @@ def list_jobs(
     """The caller's jobs, newest first."""
     rows, total = job_store.list_jobs(session, owner=owner, kind=kind, status=status, group_id=group_id,
                                       limit=limit, offset=offset)
+    callbacks = webhook_store.deliveries_for(session, SubjectType.JOB, [job.id for job in rows])
     return JobPage(
-        items=[JobOut.from_row(job) for job in rows], total=total, limit=limit, offset=offset,
+        items=[JobOut.from_row(job, callbacks.get(job.id)) for job in rows], total=total, limit=limit, offset=offset,
         next=next_page(request, limit=limit, offset=offset, returned=len(rows), total=total),
     )
 
@@ -195,7 +214,7 @@ def cancel_job(job_id: JobIdPath, owner: OwnerDep, session: SessionDep, response
     if job.status == JobStatus.RUNNING:
         response.status_code = 202
     log.info("job cancel requested", job_id=job_id, status=job.status)
-    return JobOut.from_row(job)
+    return job_with_callback(session, job)
 
 
 @router.delete(

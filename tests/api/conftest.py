@@ -43,7 +43,10 @@ def _empty_tables(database_url: str) -> None:
     from sqlalchemy import text
 
     with db.engine_for(database_url).begin() as connection:
-        connection.execute(text("TRUNCATE job_events, jobs, job_groups, datasets, api_keys"))
+        # CASCADE: tables that reference these (a later migration's) are emptied with them
+        connection.execute(
+            text("TRUNCATE job_events, webhook_deliveries, jobs, job_groups, datasets, api_keys CASCADE")
+        )
 
 
 @pytest.fixture(params=BACKENDS)

@@ -9,6 +9,10 @@
 # -runtime image lacks some, cupy#8466), checked by compiling every kernel at build time (worker.compile_check).
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 ARG CUDA_IMAGE=nvidia/cuda:13.0.1-runtime-ubuntu24.04
+# A private package index and the CA bundle its certificate needs (a file in docker/certs/, see its README);
+# empty: PyPI and pip's own CAs. Named GPUEST_* because pip itself would read an empty PIP_INDEX_URL as an index.
+ARG GPUEST_PIP_INDEX_URL=""
+ARG GPUEST_PIP_CA_BUNDLE=""
 
 # -- source: only the files the package needs, shared by both images ------------------------------
 FROM ${PYTHON_IMAGE} AS source
@@ -19,8 +23,10 @@ COPY cli/ cli/
 COPY core/ core/
 COPY kernels/ kernels/
 COPY migrations/ migrations/
+COPY plots/ plots/
 COPY store/ store/
 COPY worker/ worker/
+COPY docker/certs/ docker/certs/
 
 # -- base: the package installed on python-slim ---------------------------------------------------
 FROM ${PYTHON_IMAGE} AS base
@@ -32,7 +38,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY --from=source /app /app
 # Editable, so the Alembic scripts in /app/migrations (not a Python package) are found beside the code.
-RUN pip install -c constraints.txt -e . \
+ARG GPUEST_PIP_INDEX_URL
+ARG GPUEST_PIP_CA_BUNDLE
+RUN pip install ${GPUEST_PIP_INDEX_URL:+--index-url "$GPUEST_PIP_INDEX_URL"} \
+        ${GPUEST_PIP_CA_BUNDLE:+--cert "docker/certs/$GPUEST_PIP_CA_BUNDLE"} -c constraints.txt -e . \
     && useradd --create-home --uid 10001 gpuest \
     && mkdir -p /data && chown gpuest /data
 USER gpuest
@@ -61,7 +70,10 @@ RUN apt-get update \
     && python3 -m venv /opt/venv
 WORKDIR /app
 COPY --from=source /app /app
-RUN pip install -c constraints.txt -e '.[gpu]' \
+ARG GPUEST_PIP_INDEX_URL
+ARG GPUEST_PIP_CA_BUNDLE
+RUN pip install ${GPUEST_PIP_INDEX_URL:+--index-url "$GPUEST_PIP_INDEX_URL"} \
+        ${GPUEST_PIP_CA_BUNDLE:+--cert "docker/certs/$GPUEST_PIP_CA_BUNDLE"} -c constraints.txt -e '.[gpu]' \
     && python -m worker.compile_check \
     && useradd --create-home --uid 10001 gpuest \
     && mkdir -p /data && chown gpuest /data

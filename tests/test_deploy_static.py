@@ -490,3 +490,30 @@ def test_constraints_pin_every_direct_dependency_within_pyproject(
                 " ".join(c.value)]
     assert installs and all("-c constraints.txt" in run for run in installs), installs
     assert "-c constraints.txt" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_images_hold_every_package_the_project_installs(instructions: tuple[dockerfile.Command, ...]) -> None:
+    # A package left out of the source stage installs as missing: the API would fail at import (plots/ was).
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in patterns}
+    copied = {source.rstrip("/") for stage, command in stage_commands(instructions)
+              if stage == "source" and command.cmd == "COPY" for source in command.value[:-1]}
+    assert packages <= copied, f"not copied into the images: {sorted(packages - copied)}"
+
+
+def test_pip_takes_a_private_index_and_ca_bundle_as_build_arguments(
+    instructions: tuple[dockerfile.Command, ...], compose: dict[str, Any]
+) -> None:
+    names = ("GPUEST_PIP_INDEX_URL", "GPUEST_PIP_CA_BUNDLE")
+    assert all(global_args(instructions).get(name) == '""' for name in names)  # empty by default: PyPI
+    for stage in ("base", "worker-gpu"):
+        commands = [command for name, command in stage_commands(instructions) if name == stage]
+        declared = {value for command in commands if command.cmd == "ARG" for value in command.value}
+        assert set(names) <= declared, f"{stage} does not take {names}"
+        install = next(" ".join(c.value) for c in commands if c.cmd == "RUN" and "pip install" in " ".join(c.value))
+        assert '${GPUEST_PIP_INDEX_URL:+--index-url "$GPUEST_PIP_INDEX_URL"}' in install
+        assert '${GPUEST_PIP_CA_BUNDLE:+--cert "docker/certs/$GPUEST_PIP_CA_BUNDLE"}' in install
+    assert (ROOT / "docker" / "certs" / "README.md").exists()
+    for name, service in compose["services"].items():
+        if "build" in service:
+            assert service["build"]["args"] == {key: f"${{{key}:-}}" for key in names}, name

@@ -235,6 +235,10 @@ class GpuestClient:
     def cancel_group(self, group_id: str) -> dict[str, Any]:
         return cast(dict[str, Any], self._json("POST", f"/v1/job-groups/{group_id}/cancel"))
 
+    def delete_group(self, group_id: str) -> None:
+        """Delete a finished group with its members (409 while a member is queued or running)."""
+        self._request("DELETE", f"/v1/job-groups/{group_id}")
+
     def group_results(self, group_id: str, *, fields: str | None = None, fmt: str = "csv") -> bytes:
         """The group's results table (one row per member) as CSV or Parquet bytes."""
         query = {"format": fmt, **({"fields": fields} if fields else {})}

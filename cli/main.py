@@ -237,11 +237,24 @@ def group(
                                                  "Parquet, else CSV).")] = None,
     fields: Annotated[str | None, typer.Option(help="Result fields of the table, comma-separated (dotted paths); "
                                                "default: every top-level number or text")] = None,
+    cancel: Annotated[bool, typer.Option("--cancel", help="Cancel the group's queued and running members.")]
+    = False,
+    delete: Annotated[bool, typer.Option("--delete", help="Delete the finished group with its members, their "
+                                         "results and artifacts (refused while a member is queued or running).")]
+    = False,
     url: UrlOption = DEFAULT_URL,
     api_key: KeyOption = None,
 ) -> None:
-    """Show a job group (status, progress, members per status); with --results, save its results table."""
+    """Show a job group (status, progress, members per status); with --results, save its results table;
+    --cancel or --delete it."""
     with api_client(url, api_key) as client:
+        if cancel:
+            print_json(client.cancel_group(group_id))
+            return
+        if delete:
+            client.delete_group(group_id)
+            err.print(f"deleted group {group_id}", markup=False)
+            return
         if results is None:
             print_json(client.get_group(group_id))
             return

@@ -8,6 +8,7 @@ import json
 import uuid
 from pathlib import Path
 
+import httpx
 import pandas as pd
 import yaml
 from typer.testing import CliRunner
@@ -49,6 +50,14 @@ def test_sweep_wait_group_and_results(stack: EmbeddedStack, tmp_path: Path) -> N
     assert table["replications"].tolist() == table["params.replications"].tolist() == [20, 40] * 3
     assert table["params.seed"].tolist() == [1, 1, 2, 2, 3, 3]
     assert pd.read_parquet(parquet)["mean_se"].tolist() == table["mean_se"].tolist()
+
+    with httpx.Client(base_url=stack.base_url) as http:
+        members = [job["id"] for job in http.get("/v1/jobs", params={"group_id": group_id}).json()["items"]]
+    assert len(members) == 6
+    code, _, stderr = gpuest(stack, "group", group_id, "--delete")
+    assert code == 0 and stderr.strip() == f"deleted group {group_id}"
+    assert gpuest(stack, "group", group_id)[0] == 1  # gone, with its members
+    assert all(gpuest(stack, "status", member)[0] == 1 for member in members)
 
 
 def test_a_bad_grid_exits_1_naming_the_field_and_a_file_without_a_grid_exits_4(

@@ -44,7 +44,12 @@ def start_workers(
     stack_env.update(GPUEST_FANOUT_CHUNKS=str(chunks))  # the workers' environment (start_worker reads it)
     workers = [start_worker() for _ in range(count)]
     for worker in workers:
-        wait_for(lambda w=worker: "worker ready" in w.output(), 60, "a worker to start")
+        try:
+            wait_for(lambda w=worker: "worker ready" in w.output() or w.process.poll() is not None, 120,
+                     "a worker to start")
+        except AssertionError as error:  # say why: CI once saw a worker not ready within 60 s
+            raise AssertionError(f"{error}; its log ends:\n{worker.output()[-3000:]}") from None
+        assert "worker ready" in worker.output(), (worker.process.poll(), worker.output()[-3000:])
     return workers
 
 
@@ -102,8 +107,11 @@ def test_a_chunk_whose_worker_is_killed_reruns_alone_and_the_result_is_unchanged
     assert job.attempts == 1  # the job itself was never re-queued
     survivor = next(worker for worker in workers if worker is not victim)
     assert "reaped a chunk of a lost worker" in survivor.output()
-    # The re-sent chunk was counted by Celery's chord as the part it is: its callback reduced the job.
-    assert "reduced a fanned-out job whose chord callback did not come" not in survivor.output()
+    # Reduced once, by the chord's callback or, where the killed worker held Celery's unlock message (the embedded
+    # broker does not deliver a dead worker's messages again), by the reaper: never both.
+    finishes = [line for worker in workers for line in worker.output().splitlines()
+                if "job finished" in line and f"job_id={job_id}" in line]
+    assert len(finishes) == 1, finishes
 
 
 def test_cancelling_a_fanned_out_job_stops_its_chunks(

@@ -502,7 +502,7 @@ def reap_chunks(stale_after: timedelta, max_attempts: int, idle: bool, queue: st
     with session_scope() as session:
         # The chord's own callback reduces a job as soon as its last part is counted, but only once a worker is
         # free to run Celery's unlock task, which polls (and can wait behind a chunk): the reaper steps in only
-        # after several stale limits (CI saw it beat a live callback at one limit of 3 s, on a loaded machine).
+        # after several stale limits, so that it reduces the jobs whose callback is lost, not late.
         settled = chunk_store.settled_fanouts(session, settled_for=stale_after * CALLBACK_GRACE_STALE_LIMITS)
     for job_id in settled:
         if settle(job_id) is not None:

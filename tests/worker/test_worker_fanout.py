@@ -107,8 +107,9 @@ def test_a_chunk_whose_worker_is_killed_reruns_alone_and_the_result_is_unchanged
     assert job.attempts == 1  # the job itself was never re-queued
     survivor = next(worker for worker in workers if worker is not victim)
     assert "reaped a chunk of a lost worker" in survivor.output()
-    # Reduced once, by the chord's callback or, where the killed worker held Celery's unlock message (the embedded
-    # broker does not deliver a dead worker's messages again), by the reaper: never both.
+    # Reduced once, by the chord's callback or by the reaper, never both. Both happen here: in about 2 runs of 3
+    # the reaper reduces it even with a grace of three stale limits (our reading, not verified: the killed worker
+    # had fetched Celery's unlock message, which the embedded broker does not deliver again).
     finishes = [line for worker in workers for line in worker.output().splitlines()
                 if "job finished" in line and f"job_id={job_id}" in line]
     assert len(finishes) == 1, finishes

@@ -7,42 +7,15 @@ from __future__ import annotations
 import io
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pandas as pd
 import pytest
 
-from cli.serve import EmbeddedStack, embedded_stack
+from cli.serve import EmbeddedStack
 from tests import servers
 
 TINY = {"cluster_size": 5, "n_regressors": 2, "replications": 20}
-
-
-def _env(tier: str, data_dir: Path) -> tuple[dict[str, str], object]:
-    env = {"GPUEST_DATA_DIR": str(data_dir), "GPUEST_DEVICE": "cpu", "GPUEST_QUEUE": f"test-{uuid.uuid4().hex[:8]}"}
-    if tier == "embedded":
-        env["DATABASE_URL"] = f"sqlite:///{data_dir / 'gpuest.sqlite3'}"
-        env["BROKER_URL"] = f"sqla+sqlite:///{data_dir / 'broker.sqlite3'}"
-        return env, None
-    urls = servers.server_urls()
-    if urls is None:
-        pytest.skip("DATABASE_URL and REDIS_URL not set: the Postgres + Redis tier is skipped")
-    database_url, drop = servers.fresh_postgres_database(urls[0])
-    env.update(DATABASE_URL=database_url, BROKER_URL=urls[1])
-    return env, drop
-
-
-@pytest.fixture(params=["embedded", pytest.param("servers", marks=pytest.mark.servers)])
-def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EmbeddedStack]:
-    env, drop = _env(request.param, tmp_path)
-    try:
-        with embedded_stack(tmp_path, env=env, log_dir=tmp_path / "logs") as running:
-            yield running
-    finally:
-        if callable(drop):
-            drop()
 
 
 def _wait_for_group(client: httpx.Client, group_id: str, stack: EmbeddedStack, seconds: float) -> dict:

@@ -532,6 +532,31 @@ def serve(
         raise typer.Exit(1) from None
 
 
+@app.command("compose-gpus")
+def compose_gpus(
+    gpus: Annotated[int, typer.Argument(min=1, max=64, help="GPUs of the host: one worker service each.")],
+    base: Annotated[Path, typer.Option(help="The compose file to copy.")] = Path("docker-compose.yml"),
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
+) -> None:
+    """Print a compose file with one GPU worker per GPU (worker, worker-1, ...; each reserving its GPU by id)
+    and splittable jobs fanned out over them; run it with `docker compose -f FILE up --build`."""
+    from cli.compose import render
+
+    if not base.is_file():
+        err.print(f"[red]error:[/red] no compose file at {escape(str(base))} (run from the repository, or --base)")
+        raise typer.Exit(2)
+    try:
+        text = render(base, gpus)
+    except (ValueError, yaml.YAMLError) as error:
+        err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
+        raise typer.Exit(2) from None
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+        err.print(f"wrote {escape(str(output))}: {gpus} GPU worker(s)", markup=False)
+
+
 @db_app.command("upgrade")
 def db_upgrade(
     wait: Annotated[float, typer.Option(min=0, help="Seconds to keep retrying while the database refuses "

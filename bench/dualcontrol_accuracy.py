@@ -34,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.backend import device_label, get_namespace, to_host
+from kernels.dualcontrol.bellman import MinimiserSettings
 from kernels.dualcontrol.grid import StateGrid, make_state_grid
 from kernels.dualcontrol.model import ModelParams, inert_value
 from kernels.dualcontrol.report import StateEvaluator, exact_report, halved_shapes, richardson, simulation_rules
@@ -82,6 +83,7 @@ def solve_policy(xp: Any, model: ModelParams, grid: StateGrid, policy: str, stat
         coarse_to_fine=True,
         quadrature_nodes=args.nodes,
         interpolation=args.interpolation,
+        minimiser=MinimiserSettings(golden_iterations=args.golden_iterations),
     )
     reports: dict[tuple[int, int, int], Any] = {}
 
@@ -127,6 +129,12 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=["48x24x24"], help="n (cube) or NXxNMUxNS")
     parser.add_argument("--policies", nargs="+", default=["inert", "myopic", "optimal"])
     parser.add_argument("--nodes", type=int, default=32, help="Gauss-Hermite nodes")
+    parser.add_argument(
+        "--golden-iterations",
+        type=int,
+        default=MinimiserSettings.golden_iterations,
+        help="golden-section steps of the solves' improvement (the job's minimizer.golden_iterations)",
+    )
     parser.add_argument("--interpolation", choices=["trilinear", "quadratic", "residual"], default="trilinear")
     parser.add_argument("--concentration", type=float, default=2.0)
     parser.add_argument("--mu-concentration", type=float, default=None)

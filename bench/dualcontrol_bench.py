@@ -29,6 +29,21 @@ are from optimal under V*, whatever minimum of Q they picked). The H100 timing o
 
     timeout 150 python3 bench/dualcontrol_bench.py --device gpu --sizes 256 --policies optimal myopic inert \
         --evaluation sweeps anderson --fixed-point 1e-8 --json "$OUT/dc_256_anderson.json"
+
+The improvement step's minimiser (``--golden-iterations N [N ...]``, the job's ``minimizer.golden_iterations``,
+default 28): each count is a row, the rows after the first compared with it as above; every optimal row also
+gives ``improvement_seconds`` per level (the rest of a level's seconds are its evaluation sweeps). Issue 13's
+256^3 target with the default and 16 golden steps, each row's distance from a solve to 1e-8:
+
+    timeout 300 python3 bench/dualcontrol_bench.py --device gpu --sizes 256 --policies optimal \
+        --evaluation anderson --golden-iterations 28 16 --fixed-point 1e-8 --json "$OUT/dc_256_golden.json"
+
+Several GPUs of the host (``--gpus N``, issue 19; kernels/dualcontrol/slabs.py): every level of at least 2^18
+points per GPU is swept in slabs of grid points over GPUs 0 .. N-1 (the one-GPU result bit for bit; each row's
+``levels`` entries end with the level's GPU count). The warm-up then compiles and runs on every one of them:
+
+    python3 bench/dualcontrol_bench.py --device gpu --sizes 256 512 --policies optimal --gpus 2 \
+        --json "$OUT/dc_gpus2.json"
 """
 
 from __future__ import annotations
@@ -37,6 +52,7 @@ import argparse
 import json
 import sys
 import time
+from itertools import product
 from pathlib import Path
 
 import numpy as np
@@ -45,9 +61,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import cuda
 from kernels.backend import device_label, get_namespace, synchronize, to_host
-from kernels.dualcontrol.bellman import Interpolation, make_operator
+from kernels.dualcontrol.bellman import Interpolation, MinimiserSettings, make_operator
 from kernels.dualcontrol.grid import interpolate, make_state_grid, x_curvature
 from kernels.dualcontrol.model import ModelParams
+from kernels.dualcontrol.slabs import MIN_POINTS_PER_GPU, peer_access
 from kernels.dualcontrol.solve import Criterion, Evaluation, Solution, SolveSettings, solve
 
 # spec defaults (kernels/dualcontrol/spec.py)
@@ -72,7 +89,9 @@ RULE_TEXT = {
 CRITERIA = ("macqueen_porteus", "sup_norm")
 
 
-def fixed_point(xp, n: int, policy: str, nodes: int, dtype, interpolation: Interpolation, tolerance: float):
+def fixed_point(
+    xp, n: int, policy: str, nodes: int, dtype, interpolation: Interpolation, tolerance: float, gpus: int = 1
+):
     """The case solved to ``tolerance`` with Anderson evaluation (300 sweeps per evaluation at most)."""
     settings = SolveSettings(
         policy,  # type: ignore[arg-type]
@@ -85,6 +104,7 @@ def fixed_point(xp, n: int, policy: str, nodes: int, dtype, interpolation: Inter
         dtype=dtype,
         interpolation=interpolation,
         evaluation="anderson",
+        gpus=gpus,
     )
     solution = solve(MODEL, grid_of(n), settings, xp)
     if not solution.converged:
@@ -107,7 +127,7 @@ def add_fixed_point_distances(xp, n: int, policy: str, case: list, args: argpars
     """Solve the case to ``--fixed-point`` and add ``dv_star`` / ``q_subopt`` to each of its rows."""
     start = time.perf_counter()
     try:
-        star = fixed_point(xp, n, policy, args.nodes, dtype, args.interpolation, args.fixed_point)
+        star = fixed_point(xp, n, policy, args.nodes, dtype, args.interpolation, args.fixed_point, args.gpus)
     except RuntimeError as error:
         print(f"no fixed point for n={n} {policy}: {error}", flush=True)
         return
@@ -116,7 +136,8 @@ def add_fixed_point_distances(xp, n: int, policy: str, case: list, args: argpars
         row["dv_star"], row["q_subopt"] = distance_to_fixed_point(
             xp, star, value, control, args.nodes, dtype, args.interpolation
         )
-        print(json.dumps({k: row[k] for k in ("n", "policy", "evaluation", "dv_star", "q_subopt")}), flush=True)
+        keys = ("n", "policy", "evaluation", "golden_iterations", "dv_star", "q_subopt")
+        print(json.dumps({k: row[k] for k in keys}), flush=True)
 
 
 def run_one(
@@ -132,6 +153,9 @@ def run_one(
     evaluation: Evaluation = "sweeps",
     anderson_memory: int = 8,
     first: tuple[np.ndarray, np.ndarray] | None = None,
+    gpus: int = 1,
+    min_points_per_gpu: int = MIN_POINTS_PER_GPU,
+    golden_iterations: int = MinimiserSettings.golden_iterations,
 ) -> tuple[dict, tuple[np.ndarray, np.ndarray]]:
     """One solve's row, and its (V, u) on the host for the rows that compare with it (``first``)."""
     grid = grid_of(n)
@@ -149,6 +173,9 @@ def run_one(
         interpolation=interpolation,
         evaluation=evaluation,
         anderson_memory=anderson_memory,
+        gpus=gpus,
+        min_points_per_gpu=min_points_per_gpu,
+        minimiser=MinimiserSettings(golden_iterations=golden_iterations),
     )
     synchronize(xp)
     start = time.perf_counter()
@@ -170,13 +197,18 @@ def run_one(
         "precision": np.dtype(dtype).name,
         "interpolation": interpolation,
         "evaluation": evaluation,
+        "golden_iterations": golden_iterations,
+        "gpus": gpus,
         "seconds": round(seconds, 3),
         "converged": solution.converged,
         "iterations": solution.iterations,
         "evaluation_sweeps": sum(level.evaluation_sweeps for level in solution.levels),
         "levels": [
-            [list(lv.shape), lv.iterations, lv.evaluation_sweeps, round(lv.seconds, 3)] for lv in solution.levels
+            [list(lv.shape), lv.iterations, lv.evaluation_sweeps, round(lv.seconds, 3), lv.gpus]
+            for lv in solution.levels
         ],
+        # optimal: per level, the seconds of its improvement steps (the rest of the level's are its sweeps)
+        "improvement_seconds": [round(lv.improvement_seconds, 3) for lv in solution.levels],
         "values_at_states": [round(float(v), 6) for v in at],
     }
     if first is not None:
@@ -224,6 +256,14 @@ def main() -> None:
     )
     parser.add_argument("--anderson-memory", type=int, default=8)
     parser.add_argument(
+        "--golden-iterations",
+        type=int,
+        nargs="+",
+        default=[MinimiserSettings.golden_iterations],
+        help="golden-section steps of the improvement's minimiser (the job's minimizer.golden_iterations, default "
+        "28); given several, each is a row compared with the first",
+    )
+    parser.add_argument(
         "--fixed-point",
         type=float,
         default=None,
@@ -231,25 +271,39 @@ def main() -> None:
         help="also solve each case to TOL and report every row's distance from that fixed point",
     )
     parser.add_argument("--precision", choices=["float64", "float32"], default="float64")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="spread each level's sweeps over GPUs 0 .. N-1 of the host (levels of 2^18 points per GPU or more)",
+    )
     parser.add_argument("--max-iterations", type=int, default=2000)
     parser.add_argument("--budget", type=float, default=float("inf"), help="skip rows once this many s are spent")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
+    if args.gpus > 1 and args.device != "gpu":
+        parser.error(f"--gpus {args.gpus} spreads the sweeps over GPUs: it needs --device gpu")
     xp = get_namespace(args.device)
     dtype = np.float64 if args.precision == "float64" else np.float32
     print(f"device: {device_label(xp)}", flush=True)
+    if args.gpus > 1:
+        print(f"gpus: {args.gpus}, peer access: {peer_access(tuple(range(args.gpus)), xp)}", flush=True)
     print(
         f"stopping rule: {args.criterion} ({RULE_TEXT[args.criterion]}); tolerances {TOLERANCE}",
         flush=True,
     )
     if args.device == "gpu":
         start = time.perf_counter()
-        modules = cuda.warm_up()  # the worker's start-up compile of every declared variant
+        modules = 0
+        for device in range(args.gpus):  # the worker's start-up compile of every declared variant, per GPU
+            with xp.cuda.Device(device):
+                modules += cuda.warm_up()
         print(f"warm-up: {modules} CUDA modules in {time.perf_counter() - start:.2f} s", flush=True)
         for policy in ("inert", "myopic", "optimal"):  # CuPy's own kernels (reductions, interpolation)
-            for evaluation in args.evaluation:
-                run_one(xp, 32, policy, "full", 4, 3, dtype, args.criterion, args.interpolation, evaluation)
+            for evaluation in args.evaluation:  # on every GPU: a tiny grid spread nonetheless
+                warm = {"gpus": args.gpus, "min_points_per_gpu": 1}
+                run_one(xp, 32, policy, "full", 4, 3, dtype, args.criterion, args.interpolation, evaluation, **warm)
     rows, spent = [], 0.0
     for n in args.sizes:
         for policy in args.policies:
@@ -261,9 +315,11 @@ def main() -> None:
                 done.add(effective)
                 first = None
                 case: list[tuple[dict, tuple[np.ndarray, np.ndarray]]] = []
-                for evaluation in args.evaluation:
+                for evaluation, golden in product(args.evaluation, args.golden_iterations):
+                    if policy != "optimal" and golden != args.golden_iterations[0]:
+                        continue  # no minimiser in a fixed policy's solve
                     if spent > args.budget:
-                        print(f"skipped n={n} {policy} {variant} {evaluation}: budget spent", flush=True)
+                        print(f"skipped n={n} {policy} {variant} {evaluation} {golden}: budget spent", flush=True)
                         continue
                     row, solved = run_one(
                         xp,
@@ -278,6 +334,8 @@ def main() -> None:
                         evaluation,
                         args.anderson_memory,
                         first,
+                        args.gpus,
+                        golden_iterations=golden,
                     )
                     first = first or solved
                     spent += row["seconds"]
@@ -286,24 +344,30 @@ def main() -> None:
                     print(json.dumps(row), flush=True)
                 if args.fixed_point is not None and case:  # after the timed rows: a failure here loses none
                     add_fixed_point_distances(xp, n, policy, case, args, dtype)
-                write_summary(args.json, xp, args.criterion, rows)  # after every case: a timeout keeps the rest
+                # after every case: a timeout keeps the rest
+                write_summary(args.json, xp, args.criterion, rows, args.gpus)
     print(f"\nstopping rule: {args.criterion}")
-    header = f"{'n^3':>6} {'policy':>8} {'accel':>5} {'eval':>8} {'rule':>16} {'seconds':>9} {'iters':>6} {'sweeps':>6}"
+    header = f"{'n^3':>6} {'policy':>8} {'accel':>5} {'eval':>8} {'gold':>4} {'rule':>16} {'seconds':>9} {'iters':>6}"
+    header += f" {'sweeps':>6}"
     print(f"{header}  conv  dv_rel   du_share dv_star  q_subopt V(states)")
     for r in rows:
         gaps = f"{r['dv_rel']:.1e} {r['du_share']:.1e}" if "dv_rel" in r else f"{'-':>7} {'-':>7}"
         gaps += f" {r['dv_star']:.1e} {r['q_subopt']:.1e}" if "dv_star" in r else f" {'-':>7} {'-':>7}"
         print(
-            f"{r['n']:>6} {r['policy']:>8} {r['acceleration']:>5} {r['evaluation']:>8} {r['criterion']:>16} "
+            f"{r['n']:>6} {r['policy']:>8} {r['acceleration']:>5} {r['evaluation']:>8} {r['golden_iterations']:>4} "
+            f"{r['criterion']:>16} "
             f"{r['seconds']:>9.3f} {r['iterations']:>6} {r['evaluation_sweeps']:>6} {r['converged']!s:>5} {gaps} "
             f"{r['values_at_states']}"
         )
-    write_summary(args.json, xp, args.criterion, rows)
+    write_summary(args.json, xp, args.criterion, rows, args.gpus)
 
 
-def write_summary(path: Path | None, xp, criterion: str, rows: list[dict]) -> None:
+def write_summary(path: Path | None, xp, criterion: str, rows: list[dict], gpus: int = 1) -> None:
     if path is not None:
-        path.write_text(json.dumps({"device": device_label(xp), "criterion": criterion, "rows": rows}, indent=1))
+        summary = {"device": device_label(xp), "gpus": gpus, "criterion": criterion, "rows": rows}
+        if gpus > 1:
+            summary["peer_access"] = peer_access(tuple(range(gpus)), xp)
+        path.write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

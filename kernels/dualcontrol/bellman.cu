@@ -13,6 +13,9 @@
 //   33 residual: 1 = interpolate V - V0 and add V0 (grid.interpolate's baseline), 0 = plain trilinear;
 //   34 quadratic: 1 = subtract (1/2) D2 (x - x_i)(x_{i+1} - x), D2 = d2V/dx2 at the nodes (grid.x_curvature)
 //      interpolated like V (grid.interpolate's curvature), 0 = none (D2 is then not read).
+//
+// Both kernels compute the flat points first .. first + count - 1 (C order, x slowest) and read V and D2
+// everywhere: (0, nx*nmu*ns) on one device, one slab per device over several (slabs.py).
 
 typedef REAL real;
 
@@ -130,13 +133,16 @@ __device__ __forceinline__ Problem load_problem(const real* params, const real* 
     return P;
 }
 
-extern "C" __global__ void dc_evaluate(const real* params, const real* gx, const real* gmu, const real* gs,
+// Launch bounds (128 threads a block, CudaBellman.block): without them ptxas gave both kernels 114-120
+// registers a thread, 4 blocks an SM (25 % occupancy); with 8 and 6 blocks it fits them in 64 and 80 with
+// small float64 spills. Same arithmetic; the 256^3 optimal solve 5.73 -> 5.23 s on an H200 (bench/RESULTS.md).
+extern "C" __global__ void __launch_bounds__(128, 8) dc_evaluate(const real* params, const real* gx, const real* gmu, const real* gs,
                                        const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
+                                       long long first, long long count,
                                        const real* __restrict__ V, const real* __restrict__ D2,
                                        const real* __restrict__ U, real* __restrict__ V_out) {
-    const long long n_points = (long long)nx * nmu * ns;
-    const long long p = (long long)blockDim.x * blockIdx.x + threadIdx.x;
-    if (p >= n_points) return;
+    const long long p = first + (long long)blockDim.x * blockIdx.x + threadIdx.x;  // flat point (C order)
+    if (p >= first + count) return;
     const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V, D2);
     const int ks = (int)(p % ns);
     const int jm = (int)((p / ns) % nmu);
@@ -144,14 +150,14 @@ extern "C" __global__ void dc_evaluate(const real* params, const real* gx, const
     V_out[p] = q_value(P, U[p], gx[ix], gmu[jm], gs[ks]);
 }
 
-extern "C" __global__ void dc_improve(const real* params, const real* gx, const real* gmu, const real* gs,
+extern "C" __global__ void __launch_bounds__(128, 6) dc_improve(const real* params, const real* gx, const real* gmu, const real* gs,
                                       const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
+                                      long long first, long long count,
                                       const real* __restrict__ V, const real* __restrict__ D2,
                                       const real* __restrict__ U_prev, int has_prev,
                                       int n_scan, int n_golden, real* __restrict__ V_out, real* __restrict__ U_out) {
-    const long long n_points = (long long)nx * nmu * ns;
-    const long long p = (long long)blockDim.x * blockIdx.x + threadIdx.x;
-    if (p >= n_points) return;
+    const long long p = first + (long long)blockDim.x * blockIdx.x + threadIdx.x;  // flat point (C order)
+    if (p >= first + count) return;
     const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V, D2);
     const Model& m = P.m;
     const int ks = (int)(p % ns);
@@ -196,15 +202,14 @@ extern "C" __global__ void dc_improve(const real* params, const real* gx, const 
     real fc = q_value(P, c, x, mu, S);
     real fd = q_value(P, d, x, mu, S);
     for (int it = 0; it < n_golden; ++it) {
-        if (fc < fd) {
-            b = d; d = c; fd = fc;
-            c = b - g * (b - a);
-            fc = q_value(P, c, x, mu, S);
-        } else {
-            a = c; c = d; fc = fd;
-            d = a + g * (b - a);
-            fd = q_value(P, d, x, mu, S);
-        }
+        // One Q evaluation per step, outside the branch (the same arithmetic as minimize.py's xp.where lines):
+        // the direction differs between neighbouring points, and with a call in each arm a warp whose threads
+        // disagreed ran both calls, nearly doubling the cost of golden section.
+        const bool left = fc < fd;  // the minimum lies in [a, d]
+        if (left) { b = d; d = c; fd = fc; } else { a = c; c = d; fc = fd; }
+        const real probe = left ? b - g * (b - a) : a + g * (b - a);
+        const real f_probe = q_value(P, probe, x, mu, S);
+        if (left) { c = probe; fc = f_probe; } else { d = probe; fd = f_probe; }
     }
     real golden_u = (fc < fd) ? c : d;
     real golden_q = (fc < fd) ? fc : fd;

@@ -127,7 +127,10 @@ class ArrayBellman:
             self.baseline,
             self.curvature(values),
         )
-        expected = v_next @ self.quad_w
+        # a sum along each point's row, not a BLAS gemv: OpenBLAS's dgemv gives a row a different rounding
+        # depending on where the batch starts (measured: 99 of 200 random row slices differed in the last bit),
+        # and the NumPy slabs of slabs.SlabBellman must reproduce the whole sweep bit for bit
+        expected = (v_next * self.quad_w).sum(axis=1)
         gap = mean - m.xbar
         du = u - m.ubar
         loss = gap * gap + sigma * u * u + se2 + m.omega * du * du
@@ -179,11 +182,16 @@ class ArrayBellman:
 
 
 class CudaBellman(ArrayBellman):
-    """The fused CUDA kernels; inherits the array set-up and keeps :meth:`q_values` as the reference."""
+    """The fused CUDA kernels; inherits the array set-up and keeps :meth:`q_values` as the reference.
 
-    block = 128
+    ``point_range = (first, count)``: the kernels compute only the flat grid points first .. first + count - 1
+    (C order; the arrays :meth:`evaluate` and :meth:`improve` return are grid-shaped, the other points left
+    unwritten), one device's slab of :class:`kernels.dualcontrol.slabs.SlabBellman`; default all of them.
+    """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    block = 128  # the kernels' __launch_bounds__ (bellman.cu) assume at most 128 threads a block
+
+    def __init__(self, *args: Any, point_range: tuple[int, int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         xp, m = self.xp, self.model
         coef_a, coef_b, coef_c = m.inert_coefficients()
@@ -199,6 +207,10 @@ class CudaBellman(ArrayBellman):
         self._evaluate = cuda.function(_SOURCE, "dc_evaluate", defines)
         self._improve = cuda.function(_SOURCE, "dc_improve", defines)
         self.n_points = int(np.prod(self.grid.shape))
+        self.point_range = point_range or (0, self.n_points)
+        first, count = self.point_range
+        if first < 0 or count < 1 or first + count > self.n_points:
+            raise ValueError(f"point_range {self.point_range} is not a range of the grid's {self.n_points} points")
 
     def _common_args(self) -> tuple[Any, ...]:
         nx, n_mu, n_s = self.grid.shape
@@ -211,10 +223,12 @@ class CudaBellman(ArrayBellman):
             np.int32(nx),
             np.int32(n_mu),
             np.int32(n_s),
+            np.int64(self.point_range[0]),
+            np.int64(self.point_range[1]),
         )
 
     def _launch_shape(self) -> tuple[tuple[int], tuple[int]]:
-        return ((self.n_points + self.block - 1) // self.block,), (self.block,)
+        return ((self.point_range[1] + self.block - 1) // self.block,), (self.block,)
 
     def evaluate(self, values: Any, policy: Any) -> Any:
         xp = self.xp

@@ -72,6 +72,7 @@ def _settings(
         dtype=np.float64 if params.precision == "float64" else np.float32,
         minimiser=MinimiserSettings(params.minimizer.scan_points, params.minimizer.golden_iterations),
         interpolation=params.interpolation,
+        gpus=params.gpus,
     )
 
 
@@ -83,6 +84,7 @@ def _levels(solution: Solution) -> list[LevelReport]:
             evaluation_sweeps=level.evaluation_sweeps,
             converged=level.converged,
             seconds=level.seconds,
+            gpus=level.gpus,
         )
         for level in solution.levels
     ]
@@ -305,6 +307,7 @@ def run_solve(params: DualControlParams, ctx: RunContext) -> DualControlResult:
         iterations=solution.iterations,
         evaluation_sweeps=sum(level.evaluation_sweeps for level in solution.levels),
         converged=solution.converged,
+        gpus=solution.levels[-1].gpus,
         history=solution.history,
         levels=_levels(solution),
         value_of_experimentation=experimentation,

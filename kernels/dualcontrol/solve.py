@@ -9,6 +9,8 @@
   plainly (``evaluation="sweeps"``, the reference) or sweeps the Anderson mix of the last sweeps
   (``"anderson"``, :mod:`kernels.dualcontrol.anderson`); the convergence statistic is that of the sweep itself
   either way, so the mix changes which iterate is swept, never what counts as converged.
+- ``gpus > 1`` spreads each level's sweeps over the host's GPUs in slabs of grid points
+  (:mod:`kernels.dualcontrol.slabs`): the one-GPU result bit for bit, in less time on large grids.
 
 Convergence (checked after every sweep of ``T`` or ``T_u``, from three device-side reductions, so no array
 crosses to the host): with ``d = V_new - V``, the MacQueen-Porteus bounds put the fixed point within
@@ -32,6 +34,7 @@ from kernels.dualcontrol.anderson import AndersonMixer
 from kernels.dualcontrol.bellman import BellmanOperator, Interpolation, MinimiserSettings, make_operator
 from kernels.dualcontrol.grid import StateGrid, interpolate, x_curvature
 from kernels.dualcontrol.model import ModelParams, myopic_policy
+from kernels.dualcontrol.slabs import MIN_POINTS_PER_GPU, SlabBellman, check_gpus, level_gpus
 
 Policy = Literal["inert", "myopic", "optimal"]
 Criterion = Literal["macqueen_porteus", "sup_norm"]
@@ -59,6 +62,11 @@ class SolveSettings:
     # sweeps instead (anderson.py); the convergence checks are the same statistics either way
     evaluation: Evaluation = "sweeps"
     anderson_memory: int = 8
+    # > 1: every level's sweeps spread over GPUs 0 .. gpus - 1 of the host (slabs.py; the same bits as one GPU),
+    # a level only over as many as keep min_points_per_gpu points each: coarse levels, where the launches and
+    # copies would cost more than the split saves, run on fewer or on one
+    gpus: int = 1
+    min_points_per_gpu: int = MIN_POINTS_PER_GPU
 
 
 @dataclass
@@ -68,6 +76,8 @@ class LevelReport:
     evaluation_sweeps: int  # modified-policy-iteration sweeps between improvement steps
     converged: bool
     seconds: float
+    gpus: int = 1  # the GPUs its sweeps were spread over
+    improvement_seconds: float = 0.0  # optimal: seconds in the improvement steps (each until its statistics)
 
 
 @dataclass
@@ -93,6 +103,36 @@ def level_shapes(shape: tuple[int, int, int], coarse_to_fine: bool, coarsest_siz
             shapes.append(tuple(-(-n // 2**k) for n in shape))  # type: ignore[arg-type]
             k += 1
     return shapes[::-1]
+
+
+def level_operator(
+    model: ModelParams, grid: StateGrid, settings: SolveSettings, xp: Any
+) -> tuple[BellmanOperator, int]:
+    """The level's operator and the GPUs it spreads each sweep over (one: :func:`make_operator`)."""
+    gpus = level_gpus(int(np.prod(grid.shape)), settings.gpus, settings.min_points_per_gpu)
+    if gpus > 1:
+        operator = SlabBellman(
+            model,
+            grid,
+            settings.quadrature_nodes,
+            xp,
+            settings.dtype,
+            settings.minimiser,
+            settings.interpolation,
+            slabs=gpus,
+        )
+        return operator, gpus
+    operator = make_operator(
+        model,
+        grid,
+        settings.quadrature_nodes,
+        xp,
+        settings.dtype,
+        settings.minimiser,
+        settings.fused,
+        settings.interpolation,
+    )
+    return operator, 1
 
 
 def policy_on_grid(policy: Policy, model: ModelParams, grid: StateGrid, xp: Any, dtype: Any) -> Any:
@@ -190,6 +230,7 @@ def solve(
     checkpoint_seconds: float = 1.0,
     on_level: LevelCallback | None = None,
 ) -> Solution:
+    check_gpus(settings.gpus, xp, settings.fused)  # before any work
     dtype = np.dtype(settings.dtype)
     shapes = level_shapes(grid.shape, settings.coarse_to_fine, settings.coarsest_size)
     weights = np.array([float(np.prod(s)) for s in shapes])
@@ -212,16 +253,7 @@ def solve(
             quadratic = settings.interpolation == "quadratic"
             values = transfer(values, previous_grid, level_grid, xp, dtype, baseline, quadratic)
             policy = transfer(policy, previous_grid, level_grid, xp, dtype) if policy is not None else None
-        operator = make_operator(
-            model,
-            level_grid,
-            settings.quadrature_nodes,
-            xp,
-            dtype,
-            settings.minimiser,
-            settings.fused,
-            settings.interpolation,
-        )
+        operator, gpus = level_operator(model, level_grid, settings, xp)
         if settings.policy != "optimal":
             policy = policy_on_grid(settings.policy, model, level_grid, xp, dtype)
         reporter = _LevelReporter(
@@ -231,14 +263,18 @@ def solve(
         iterations = sweeps = 0
         converged = False
         mixer = AndersonMixer(settings.anderson_memory, xp) if settings.evaluation == "anderson" else None
+        improvement_seconds = 0.0
 
         while iterations < settings.max_iterations:
             iterations += 1
+            step_start = time.perf_counter()
             if settings.policy == "optimal":
                 new_values, policy = operator.improve(values, policy)
             else:
                 new_values = operator.evaluate(values, policy)
-            stats = tracker.measure(new_values, values)
+            stats = tracker.measure(new_values, values)  # on a GPU its three scalars wait for the step
+            if settings.policy == "optimal":
+                improvement_seconds += time.perf_counter() - step_start
             history.append(
                 {
                     "grid": list(shape),
@@ -258,7 +294,8 @@ def solve(
             else:
                 values = new_values if mixer is None else mixer.mix(values, new_values)
         synchronize(xp)
-        levels.append(LevelReport(shape, iterations, sweeps, converged, time.perf_counter() - level_start))
+        seconds = time.perf_counter() - level_start
+        levels.append(LevelReport(shape, iterations, sweeps, converged, seconds, gpus, improvement_seconds))
         previous_grid = level_grid
         if on_level is not None:
             on_level(level_grid, values, policy)

@@ -135,6 +135,15 @@ class DualControlParams(JobParams):
     acceleration: AccelerationSpec = AccelerationSpec()
     minimizer: MinimizerSpec = MinimizerSpec()
     precision: Literal["float64", "float32"] = "float64"
+    gpus: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="GPUs of the worker's host each Bellman sweep is spread over (the grid's points in slabs, one "
+        "per GPU, every GPU holding the whole value array: the one-GPU result bit for bit); a grid level runs on "
+        "fewer where each GPU would get under 2^18 points (coarse levels, small grids); more than 1 needs a GPU "
+        "worker with that many devices (docs/dualcontrol.md)",
+    )
     interpolation: Literal["quadratic", "trilinear", "residual"] = Field(
         default="quadratic",
         description="quadratic: trilinear plus the correction -(1/2) V_xx (x - x_i)(x_{i+1} - x), V_xx the "
@@ -236,6 +245,7 @@ class LevelReport(ResultPart):
     evaluation_sweeps: int
     converged: bool
     seconds: float
+    gpus: int = Field(default=1, description="GPUs this level's sweeps were spread over")
 
 
 class DualControlResult(ResultModel):
@@ -250,6 +260,11 @@ class DualControlResult(ResultModel):
     iterations: int = Field(description="sweeps of the Bellman (optimal) or policy operator over all levels")
     evaluation_sweeps: int = Field(description="modified-policy-iteration sweeps over all levels")
     converged: bool
+    gpus: int = Field(
+        default=1,
+        description="GPUs the finest grid's sweeps were spread over (params gpus, or fewer on a grid of under 2^18 "
+        "points per GPU)",
+    )
     history: list[dict[str, Any]]
     levels: list[LevelReport]
     value_of_experimentation: list[float] | None = Field(

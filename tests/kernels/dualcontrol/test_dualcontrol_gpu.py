@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,7 @@ from kernels.backend import get_namespace, to_host
 from kernels.dualcontrol.bellman import ArrayBellman, CudaBellman, MinimiserSettings
 from kernels.dualcontrol.grid import make_state_grid
 from kernels.dualcontrol.model import ModelParams
+from kernels.dualcontrol.slabs import SlabBellman
 from kernels.dualcontrol.solve import SolveSettings, solve
 
 pytestmark = pytest.mark.gpu
@@ -170,3 +173,88 @@ def test_state_evaluator_and_monte_carlo_on_the_gpu_equal_numpy() -> None:
     # the difference (about 0.02) carries the optimal cost's absolute gap (1e-8 at costs near 9; H100: 1.04e-8)
     np.testing.assert_allclose(runs["cupy"].differences[("myopic", "optimal")].mean,
                                runs["numpy"].differences[("myopic", "optimal")].mean, rtol=0, atol=1e-7)
+
+
+def _device_count() -> int:
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no CuPy, no driver
+        return 0
+
+
+needs_two_gpus = pytest.mark.skipif(_device_count() < 2, reason="needs two or more GPUs")
+
+
+def _smooth_values(rng: np.random.Generator) -> np.ndarray:
+    x, mu, s = GRID.mesh(np)
+    c = rng.uniform(0.2, 1.0, 4)
+    return np.ascontiguousarray(10.0 + c[0] * (x - 1) ** 2 + c[1] * mu**2 + c[2] * s + c[3] * np.sin(x * mu))
+
+
+@needs_two_gpus
+@pytest.mark.parametrize("interpolation", ["trilinear", "quadratic", "residual"])
+def test_sweeps_in_slabs_over_several_gpus_are_the_one_gpu_sweeps_bit_for_bit(interpolation: str) -> None:
+    """issue 19: each GPU computes its slab of the grid's points with the one-GPU kernels, so the gathered
+    sweeps are the same bits, for every slab count up to the host's GPUs (2,618 points: uneven slabs), and
+    chained sweeps (each one's output the next one's input, on the pools' recycled buffers) stay equal."""
+    cp = get_namespace("gpu")
+    minimiser = MinimiserSettings(scan_points=8, golden_iterations=30)
+    one = CudaBellman(MODEL, GRID, 16, cp, minimiser=minimiser, interpolation=interpolation)  # type: ignore[arg-type]
+    rng = _fresh_rng()
+    values = cp.asarray(_smooth_values(rng))
+    policy = cp.asarray(rng.normal(0.0, 2.0, GRID.shape))  # wide: many nodes fall beyond the cuboid
+    expected_sweep = one.evaluate(values, policy)
+    expected_q, expected_u = one.improve(values, policy)
+    expected_first_q, expected_first_u = one.improve(values, None)
+    for slabs in range(2, _device_count() + 1):
+        many = SlabBellman(MODEL, GRID, 16, cp, minimiser=minimiser, interpolation=interpolation, slabs=slabs)  # type: ignore[arg-type]
+        assert many.devices == tuple(range(slabs))
+        assert np.array_equal(to_host(many.evaluate(values, policy)), to_host(expected_sweep))
+        q, u = many.improve(values, policy)
+        assert np.array_equal(to_host(q), to_host(expected_q)) and np.array_equal(to_host(u), to_host(expected_u))
+        q, u = many.improve(values, None)
+        assert np.array_equal(to_host(q), to_host(expected_first_q))
+        assert np.array_equal(to_host(u), to_host(expected_first_u))
+        v_one = v_many = values
+        for _ in range(30):
+            v_one, v_many = one.evaluate(v_one, policy), many.evaluate(v_many, policy)
+        assert np.array_equal(to_host(v_many), to_host(v_one))
+
+
+@needs_two_gpus
+@pytest.mark.parametrize(
+    ("policy", "interpolation", "dtype"),
+    [("optimal", "quadratic", np.float64), ("myopic", "residual", np.float64), ("optimal", "trilinear", np.float32)],
+)
+def test_solve_over_several_gpus_equals_the_one_gpu_solve(policy: str, interpolation: str, dtype: type) -> None:
+    cp = get_namespace("gpu")
+    gpus = _device_count()
+    settings = SolveSettings(
+        policy,  # type: ignore[arg-type]
+        1e-6 if dtype == np.float64 else 1e-4,
+        quadrature_nodes=12,
+        evaluation_sweeps=10,
+        dtype=dtype,
+        interpolation=interpolation,  # type: ignore[arg-type]
+    )
+    one = solve(MODEL, GRID, settings, cp)
+    # every level spread, however small (the service keeps 2^18 points per GPU)
+    many = solve(MODEL, GRID, replace(settings, gpus=gpus, min_points_per_gpu=1), cp)
+    assert many.converged == one.converged and (one.converged or dtype == np.float32)
+    assert [lv.gpus for lv in one.levels] == [1] and [lv.gpus for lv in many.levels] == [gpus]
+    assert [lv.iterations for lv in many.levels] == [lv.iterations for lv in one.levels]
+    assert [h.get("criterion") for h in many.history] == [h.get("criterion") for h in one.history]
+    for name in ("value", "policy"):
+        got, expected = to_host(getattr(many, name)), to_host(getattr(one, name))
+        assert float(np.abs(got - expected).max()) <= 1e-12, name  # the design gives 0: the same bits
+        assert np.array_equal(got, expected), name
+
+
+def test_more_gpus_than_the_host_has_are_refused_before_any_work() -> None:
+    cp = get_namespace("gpu")
+    asked = _device_count() + 1
+    settings = SolveSettings("myopic", 1e-6, quadrature_nodes=12, gpus=asked)
+    with pytest.raises(ValueError, match=f"gpus = {asked} spreads the Bellman sweeps over {asked} GPUs"):
+        solve(MODEL, GRID, settings, cp)

@@ -79,6 +79,8 @@ def test_example_runs_every_gpu_path() -> None:
         ({"simulation": {"paths": 10, "horizon": 0}}, "horizon"),
         ({"grid": {**SMALL_GRID, "mu_concentration": -1.0}}, "mu_concentration"),
         ({"grid_size": 3}, "grid_size"),
+        ({"gpus": 0}, "gpus"),
+        ({"gpus": 17}, "gpus"),
     ],
 )
 def test_spec_rejects_bad_input_naming_the_field(patch, field) -> None:
@@ -120,6 +122,7 @@ def test_optimal_job_reports_all_result_names_and_artifacts() -> None:
     fractions = [f for f, _ in progress.reports]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert {"solve", "myopic_companion", "total"} <= set(result["timings"])
+    assert result["gpus"] == 1 and all(level["gpus"] == 1 for level in result["levels"])
 
 
 def test_anderson_evaluation_job_agrees_with_the_plain_job_in_fewer_companion_sweeps() -> None:
@@ -191,3 +194,49 @@ def test_long_cpu_sweeps_keep_reporting_so_a_cancel_is_heard() -> None:
     with pytest.raises(JobCancelled):
         solve(model, grid, SolveSettings("myopic", 1e-9, quadrature_nodes=8), np, checkpoint, checkpoint_seconds=0.0)
     assert seen and seen[-1].endswith("sweeping")
+
+
+def test_several_gpus_on_a_cpu_worker_fail_the_job_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="gpus = 2 spreads the Bellman sweeps over GPUs: it needs a GPU worker"):
+        _run(_params(gpus=2))
+
+
+def _gpu_count() -> int:
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # no CuPy, no driver
+        return 0
+
+
+@pytest.mark.gpu
+def test_more_gpus_than_the_worker_sees_fail_the_job_naming_the_field() -> None:
+    asked = _gpu_count() + 1
+    with pytest.raises(
+        ValueError,
+        match=f"gpus = {asked} spreads the Bellman sweeps over {asked} GPUs, but this worker sees {asked - 1}",
+    ):
+        run_kind(KIND, _params(gpus=asked), local_context("gpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two or more GPUs")
+def test_a_job_on_several_gpus_reports_them_and_gives_the_one_gpu_result() -> None:
+    """A grid of 2^19 points (2^18 per GPU, where levels start to spread) on two GPUs against one: every leaf
+    of the result the same bits but the timings and the GPU counts, and the finest level says it ran on two."""
+    grid = {
+        "x": {"size": 128, "min": -9.0, "max": 11.0},
+        "mu": {"size": 64, "min": -4.0, "max": 4.0},
+        "sigma": {"size": 64, "min": 0.02, "max": 2.0},
+    }
+    spec = {"policy": "optimal", "grid": grid, "quadrature_nodes": 8, "error_estimate": False}
+    one = run_kind(KIND, _params(**spec), local_context("gpu"))
+    two = run_kind(KIND, _params(**spec, gpus=2), local_context("gpu"))
+    assert one["gpus"] == 1 and two["gpus"] == 2 and [lv["gpus"] for lv in two["levels"]][-2:] == [1, 2]
+
+    def comparable(result: dict[str, Any]) -> dict[str, Any]:
+        levels = [{k: v for k, v in lv.items() if k not in ("seconds", "gpus")} for lv in result["levels"]]
+        return {**{k: v for k, v in result.items() if k not in ("timings", "gpus")}, "levels": levels}
+
+    assert comparable(two) == comparable(one)

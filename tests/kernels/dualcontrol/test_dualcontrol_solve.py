@@ -208,3 +208,14 @@ def test_max_iterations_stops_without_convergence() -> None:
     grid = make_state_grid((-5.0, 7.0, 9), (-3.0, 3.0, 9), (0.05, 2.0, 8), MODEL.xbar, 1.0)
     solution = solve(MODEL, grid, SolveSettings("myopic", 1e-12, max_iterations=3, quadrature_nodes=4), np)
     assert not solution.converged and solution.iterations == 3 and len(solution.history) == 3
+
+
+def test_levels_report_the_seconds_of_their_improvement_steps() -> None:
+    """The optimal solve's improvement steps and its evaluation sweeps share each level's seconds (the split the
+    benchmark reports); a fixed policy's solve has no improvement step."""
+    grid = make_state_grid((-4.0, 6.0, 9), (-3.0, 3.0, 9), (0.05, 2.0, 8), MODEL.xbar, 1.0)
+    optimal = solve(MODEL, grid, SolveSettings("optimal", 1e-4, quadrature_nodes=4, evaluation_sweeps=10), np)
+    assert optimal.converged and optimal.levels[0].evaluation_sweeps > 0
+    assert 0.0 < optimal.levels[0].improvement_seconds < optimal.levels[0].seconds
+    myopic = solve(MODEL, grid, SolveSettings("myopic", 1e-6, quadrature_nodes=4), np)
+    assert myopic.levels[0].improvement_seconds == 0.0

@@ -50,7 +50,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import ModuleType
 from typing import Any
 
@@ -179,15 +179,79 @@ def wild_cluster_bootstrap(
     """The wild (cluster) bootstrap test of H0: R beta = r; see the module docstring. ``timer`` times the
     stages (demean: dropping rows, absorbing fixed effects, weighting; reduce, estimate, draw_weights, bootstrap,
     inference); ``report`` gets the share of draws done."""
-    report = report or _no_report
+    setup = bootstrap_setup(xp, data, options, timer)
+    draws = bootstrap_draws(xp, setup, options, None, report or _no_report, timer)
+    with _stage(timer, "inference"):
+        return bootstrap_inference(setup.inference, draws, options)
+
+
+# The run in its three parts, for a run whose draws are computed in ranges by separate workers and put together
+# (a fan-out: kernels/crve/bootstrap_chunks.py): the set-up, the draws of a range (in the whole run's chunks of
+# draws, so each draw comes from the very call that computes it in one run), and the inference from all draws.
+
+
+@dataclass
+class InferenceInputs:
+    """What the inference takes from the set-up, all on the host: the fit, the test and facts of the rows."""
+
+    fit: _Fit
+    test: _Test
+    facts: _RowFacts
+
+    def parts(self) -> dict[str, dict[str, Any]]:
+        """The fields of the fit, the test and the facts by name (numbers, strings, lists, host arrays)."""
+        named = {"fit": self.fit, "test": self.test, "facts": self.facts}
+        return {name: {item.name: getattr(part, item.name) for item in fields(part)} for name, part in named.items()}
+
+    @classmethod
+    def from_parts(cls, parts: dict[str, dict[str, Any]]) -> InferenceInputs:
+        return cls(_Fit(**parts["fit"]), _Test(**parts["test"]), _RowFacts(**parts["facts"]))
+
+
+@dataclass
+class BootstrapSetup:
+    """A test ready for its draws: the operator (on xp), the factor on every draw's variance, the inference's
+    inputs."""
+
+    operator: _Operator
+    factor: float
+    inference: InferenceInputs
+
+
+def bootstrap_setup(
+    xp: ModuleType, data: BootstrapData, options: BootstrapOptions, timer: StageTimer | None = None
+) -> BootstrapSetup:
+    """The stages before the draws: rows prepared and reduced, the model estimated, the test's operator."""
     rows, cells, fit = _fit_model(xp, data, options, timer)
     with _stage(timer, "estimate"):
         test = _hypothesis(fit, rows, data, options)
         operator = _bootstrap_operator(xp, cells, rows, fit, test, options)
-    draws = _bootstrap_draws(xp, operator, cells.h_count, test.count, _draw_factor(fit, options), options, report,
-                             timer)  # fmt: skip
-    with _stage(timer, "inference"):
-        return _infer(fit, test, draws, cells, rows, options)
+    return BootstrapSetup(operator, _draw_factor(fit, options), InferenceInputs(fit, test, _row_facts(cells, rows)))
+
+
+def draw_schedule(setup: BootstrapSetup, options: BootstrapOptions) -> DrawSchedule:
+    """The draws of the run of ``setup`` and the chunks it computes them in."""
+    return _draw_schedule(setup.operator, setup.inference.facts.h_count, options)
+
+
+def bootstrap_draws(
+    xp: ModuleType,
+    setup: BootstrapSetup,
+    options: BootstrapOptions,
+    draws: range | None,
+    report: Report,
+    timer: StageTimer | None,
+) -> DrawSums:
+    """The per-draw sums of ``draws`` (None: all of the run's) computed in the run's chunks: ``draws`` starts
+    at a chunk's first draw and ends at a chunk's end or at the last draw (:class:`DrawSchedule`)."""
+    facts = setup.inference.facts
+    return _bootstrap_draws(xp, setup.operator, facts.h_count, setup.inference.test.count, setup.factor, options,
+                            report, timer, draws)  # fmt: skip
+
+
+def bootstrap_inference(inputs: InferenceInputs, draws: DrawSums, options: BootstrapOptions) -> BootstrapOutcome:
+    """The outcome from the set-up's inputs and every draw's sums, in draw order."""
+    return _infer(inputs.fit, inputs.test, draws, inputs.facts, options)
 
 
 def wild_bootstrap_family(
@@ -221,7 +285,7 @@ def wild_bootstrap_family(
         draws = _bootstrap_draws(xp, operator, cells.h_count, 1, _draw_factor(fit, member_options), member_options,
                                  member_report, timer)  # fmt: skip
         with _stage(timer, "inference"):
-            outcomes.append(_infer(fit, test, draws, cells, rows, member_options))
+            outcomes.append(_infer(fit, test, draws, _row_facts(cells, rows), member_options))
     return outcomes
 
 
@@ -759,9 +823,7 @@ def _bootstrap_operator(
     return operator
 
 
-def _jackknife_dgp(
-    ns: ModuleType, cells: _Cells, fit: _Fit, test: _Test, options: BootstrapOptions
-) -> tuple[Any, Any]:
+def _jackknife_dgp(ns: ModuleType, cells: _Cells, fit: _Fit, test: _Test, options: BootstrapOptions) -> tuple[Any, Any]:
     """The bootstrap DGP's coefficients leaving each bootstrap cluster h out (MNW 2023's jackknife residuals,
     the first digit 3): beta^(h) by least squares without h, restricted to R beta = r under WCR
     (beta~^(h) = beta^(h) - A_h R'(R A_h R')^-1 (R beta^(h) - r), A_h = (X'X - X_h'X_h)^-1), and its derivative
@@ -910,8 +972,11 @@ class _FeTerms:
 # ------------------------------------------------------------------------------------------------ the draws
 
 
+DRAW_SUM_FIELDS = ("numer", "sumsq", "numer1", "cross", "sumsq1", "wald")  # DrawSums's arrays, in order
+
+
 @dataclass
-class _DrawSums:
+class DrawSums:
     """Per draw (host): for one restriction the numerator and the variance sum, and with a confidence interval
     (WCR) their derivatives in r, t*_b(r) = (numer - d numer1) / sqrt(f (sumsq - 2 d cross + d^2 sumsq1));
     for several restrictions W*."""
@@ -925,7 +990,7 @@ class _DrawSums:
     wald: np.ndarray | None
 
     @classmethod
-    def empty(cls, reps: int, enumerated: bool, derivative: bool, joint: bool) -> _DrawSums:
+    def empty(cls, reps: int, enumerated: bool, derivative: bool, joint: bool) -> DrawSums:
         def maybe(flag: bool) -> np.ndarray | None:
             return np.empty(reps) if flag else None
 
@@ -935,6 +1000,19 @@ class _DrawSums:
     @property
     def reps(self) -> int:
         return self.numer.size
+
+    @classmethod
+    def concatenate(cls, parts: list[DrawSums]) -> DrawSums:
+        """The sums of consecutive ranges of draws as one, in order."""
+
+        def joined(name: str) -> np.ndarray | None:
+            arrays = [getattr(part, name) for part in parts]
+            return None if arrays[0] is None else np.concatenate(arrays)
+
+        enumerated = {part.enumerated for part in parts}
+        if len(enumerated) != 1:
+            raise ValueError("the ranges of draws disagree on whether the draws are enumerated")
+        return cls(enumerated.pop(), *(joined(name) for name in DRAW_SUM_FIELDS))
 
     def fill(self, operator: _Operator, v: Any, done: int, count: int, factor: float) -> None:
         """Apply the operator to the draws ``done .. done + count - 1`` (the columns of v)."""
@@ -1000,6 +1078,44 @@ def _wald(xp: ModuleType, operator: _Operator, numer: Any, scores: list[Any], fa
     return xp.where(positive, wald, xp.nan)
 
 
+@dataclass(frozen=True)
+class DrawSchedule:
+    """The draws of a run (B, or 2^H when enumerated) and the chunks it computes them in, one operator call
+    each: draws [i chunk, (i + 1) chunk), the last one shorter when chunk does not divide the draws."""
+
+    enumerated: bool
+    reps: int
+    chunk: int
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.reps // self.chunk)
+
+    def draws_of(self, chunks: range) -> range:
+        """The draws of the chunks ``chunks`` (contiguous)."""
+        return range(min(chunks.start * self.chunk, self.reps), min(chunks.stop * self.chunk, self.reps))
+
+    def check(self, draws: range) -> None:
+        """Refuse a range of draws that does not begin and end where the run's chunks do."""
+
+        def at_chunk_bound(draw: int) -> bool:
+            return draw % self.chunk == 0 or draw == self.reps
+
+        aligned = at_chunk_bound(draws.start) and at_chunk_bound(draws.stop)
+        if not (draws.step == 1 and 0 <= draws.start <= draws.stop <= self.reps and aligned):
+            raise ValueError(
+                f"draws {draws.start}..{draws.stop - 1}: not whole chunks of {self.chunk} of the run's "
+                f"{self.reps} draws"
+            )
+
+
+def _draw_schedule(operator: _Operator, h_count: int, options: BootstrapOptions) -> DrawSchedule:
+    enumerated = use_enumeration(options.weights_type, h_count, options.reps)
+    reps = 2**h_count if enumerated else options.reps
+    chunk = options.draw_chunk or max(1, options.block_elements // operator.widest(h_count))
+    return DrawSchedule(enumerated, reps, chunk)
+
+
 def _bootstrap_draws(
     xp: ModuleType,
     operator: _Operator,
@@ -1009,35 +1125,63 @@ def _bootstrap_draws(
     options: BootstrapOptions,
     report: Report,
     timer: StageTimer | None,
-) -> _DrawSums:
-    """All B draws (2^H when enumerated) in chunks of bounded rows x chunk arrays, reporting after each chunk."""
-    enumerated = use_enumeration(options.weights_type, h_count, options.reps)
-    reps = 2**h_count if enumerated else options.reps
-    chunk = options.draw_chunk or max(1, options.block_elements // operator.widest(h_count))
+    draws: range | None = None,
+) -> DrawSums:
+    """The draws ``draws`` (None: all B, or 2^H when enumerated) in the run's chunks of bounded rows x chunk
+    arrays (:class:`DrawSchedule`), reporting after each chunk."""
+    schedule = _draw_schedule(operator, h_count, options)
+    draws = range(schedule.reps) if draws is None else draws
+    schedule.check(draws)
     joint = q > 1
-    sums = _DrawSums.empty(reps, enumerated, options.conf_int and options.impose_null and not joint, joint)
-    done = 0
-    report(0.0, f"bootstrap draws 0/{reps}")
-    while done < reps:
-        count = min(chunk, reps - done)
+    sums = DrawSums.empty(len(draws), schedule.enumerated, options.conf_int and options.impose_null and not joint,
+                          joint)  # fmt: skip
+    done = draws.start
+    report(0.0, f"bootstrap draws 0/{len(draws)}")
+    while done < draws.stop:
+        count = min(schedule.chunk, draws.stop - done)
         with _stage(timer, "draw_weights"):
-            if enumerated:
+            if schedule.enumerated:
                 v = enumerated_weights(xp, h_count, done, count)
             else:
                 v = draw_weights(xp, options.weights_type, options.seed, h_count, done, count, options.draw_base)
         with _stage(timer, "bootstrap"):
-            sums.fill(operator, v, done, count, factor)
+            sums.fill(operator, v, done - draws.start, count, factor)
         done += count
-        report(done / reps, f"bootstrap draws {done}/{reps}")
+        report((done - draws.start) / len(draws), f"bootstrap draws {done - draws.start}/{len(draws)}")
     return sums
 
 
 # -------------------------------------------------------------------------------------------- the inference
 
 
-def _infer(
-    fit: _Fit, test: _Test, draws: _DrawSums, cells: _Cells, rows: _Rows, options: BootstrapOptions
-) -> BootstrapOutcome:
+@dataclass
+class _RowFacts:
+    """What the outcome reports of the rows and cells, and the one fact of them the inference uses."""
+
+    h_count: int
+    cluster_counts: list[int]
+    bootcluster_name: str | None
+    fe_nested: list[bool]
+    fe_levels: list[int]
+    n_singletons: int
+    demeaning: dict[str, Any] | None
+    n_dimensions: int  # variance dimensions with the intersections: several make a variance a signed sum
+
+
+def _row_facts(cells: _Cells, rows: _Rows) -> _RowFacts:
+    return _RowFacts(
+        h_count=cells.h_count,
+        cluster_counts=rows.cluster_counts,
+        bootcluster_name=rows.bootcluster_name,
+        fe_nested=rows.fe_nested,
+        fe_levels=[effect.count for effect in rows.fixed_effects],
+        n_singletons=rows.n_singletons,
+        demeaning=rows.demeaning,
+        n_dimensions=len(rows.dimensions),
+    )
+
+
+def _infer(fit: _Fit, test: _Test, draws: DrawSums, facts: _RowFacts, options: BootstrapOptions) -> BootstrapOutcome:
     factor = _draw_factor(fit, options)
     common = {
         "coefficients": fit.beta,
@@ -1047,18 +1191,18 @@ def _infer(
         "reps_used": draws.reps,
         "enumerated": draws.enumerated,
         "n_obs": fit.n_obs,
-        "n_clusters": min(rows.cluster_counts),
-        "cluster_counts": rows.cluster_counts,
-        "n_boot_clusters": cells.h_count,
-        "bootcluster_name": rows.bootcluster_name,
+        "n_clusters": min(facts.cluster_counts),
+        "cluster_counts": facts.cluster_counts,
+        "n_boot_clusters": facts.h_count,
+        "bootcluster_name": facts.bootcluster_name,
         "n_params_ssc": fit.n_params_ssc,
         "ssc_factor": factor,
         "df_t": fit.df_t,
-        "fe_nested": rows.fe_nested[0] if rows.fe_nested else None,
-        "fe_nested_all": rows.fe_nested,
-        "fe_levels": [effect.count for effect in rows.fixed_effects],
-        "n_singletons": rows.n_singletons,
-        "demeaning": rows.demeaning,
+        "fe_nested": facts.fe_nested[0] if facts.fe_nested else None,
+        "fe_nested_all": facts.fe_nested,
+        "fe_levels": facts.fe_levels,
+        "n_singletons": facts.n_singletons,
+        "demeaning": facts.demeaning,
         "eigen_fixed": fit.eigen_fixed,
         "covariance_crv3": fit.covariance_crv3,
     }
@@ -1090,7 +1234,7 @@ def _infer(
     if options.conf_int:
         curve = PValueCurve(
             estimate, se, r, factor, draws.numer, draws.sumsq, draws.numer1, draws.cross, draws.sumsq1,
-            options.p_val_type, signed_variance=len(rows.dimensions) > 1,
+            options.p_val_type, signed_variance=facts.n_dimensions > 1,
         )  # fmt: skip
         ci = curve.confidence_interval(options.sign_level, critical)
     return BootstrapOutcome(
@@ -1161,5 +1305,3 @@ def _matvec(matrices: Any, vector: Any) -> Any:
     """(..., k, k) @ (k,) as one matrix-vector product (NumPy's stacked matmul of tiny matrices is slow)."""
     k = matrices.shape[-1]
     return (matrices.reshape(-1, k) @ vector).reshape(matrices.shape[:-1])
-
-

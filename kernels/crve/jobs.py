@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -166,9 +168,12 @@ def _restrictions(params: BootstrapParams, texts: list[str], names: list[str]) -
         raise ValueError(f"{field}: {error}; coefficients: {names}") from None
 
 
-def _bootstrap_options(
-    params: BootstrapParams, restrictions: Restrictions, ctx: RunContext
-) -> BootstrapOptions:
+def draw_block_elements(on_gpu: bool) -> int:
+    """The bound on a chunk of draws' G x chunk arrays (the draw chunks of a run follow from it)."""
+    return _GPU_DRAW_BLOCK_ELEMENTS if on_gpu else _NUMPY_DRAW_BLOCK_ELEMENTS
+
+
+def bootstrap_options(params: BootstrapParams, restrictions: Restrictions, ctx: RunContext) -> BootstrapOptions:
     return BootstrapOptions(
         restrictions=restrictions,
         reps=params.reps,
@@ -179,7 +184,7 @@ def _bootstrap_options(
         sign_level=params.sign_level,
         ssc=params.ssc,
         seed=params.seed,
-        block_elements=_GPU_DRAW_BLOCK_ELEMENTS if ctx.on_gpu else _NUMPY_DRAW_BLOCK_ELEMENTS,
+        block_elements=draw_block_elements(ctx.on_gpu),
         fixef_method=params.fixef_method,
         fixef_tol=params.fixef_tol,
         fixef_maxiter=params.fixef_maxiter,
@@ -226,11 +231,25 @@ def _restriction_rows(restrictions: Restrictions, outcome: BootstrapOutcome, nam
     ]
 
 
-def _model_fields(params: BootstrapParams, design: DesignArrays, outcome: BootstrapOutcome) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DesignLabels:
+    """The names a result gives its design's parts: the coefficients, the variance cluster dimensions and the
+    fixed effects."""
+
+    names: list[str]
+    cluster_names: list[str]
+    fe_names: list[str]
+
+    @classmethod
+    def of(cls, design: DesignArrays) -> DesignLabels:
+        return cls(list(design.names), [c.name for c in design.clusters], [e.name for e in design.fixed_effects])
+
+
+def _model_fields(params: BootstrapParams, labels: DesignLabels, outcome: BootstrapOutcome) -> dict[str, Any]:
     """The result's fields that describe the fitted model (shared by every kind of test)."""
     effects = [
-        FixedEffectInfo(name=e.name, levels=levels, nested_in_cluster=nested)
-        for e, levels, nested in zip(design.fixed_effects, outcome.fe_levels, outcome.fe_nested_all, strict=True)
+        FixedEffectInfo(name=name, levels=levels, nested_in_cluster=nested)
+        for name, levels, nested in zip(labels.fe_names, outcome.fe_levels, outcome.fe_nested_all, strict=True)
     ]
     return {
         "param": params.param,
@@ -242,7 +261,7 @@ def _model_fields(params: BootstrapParams, design: DesignArrays, outcome: Bootst
         "weights_type": params.weights_type,
         "bootstrap_type": "WCR" if params.impose_null else "WCU",
         "bootstrap_variant": params.bootstrap_type,
-        "vcov_type": params.vcov_type if design.clusters else "HC1",
+        "vcov_type": params.vcov_type if labels.cluster_names else "HC1",
         "seed": params.seed,
         "ssc": params.ssc,
         "ssc_factor": outcome.ssc_factor,
@@ -251,8 +270,8 @@ def _model_fields(params: BootstrapParams, design: DesignArrays, outcome: Bootst
         "n_singletons": outcome.n_singletons,
         "n_clusters": outcome.n_clusters,
         "clusters": [
-            ClusterDimension(name=c.name, count=count)
-            for c, count in zip(design.clusters, outcome.cluster_counts, strict=False)
+            ClusterDimension(name=name, count=count)
+            for name, count in zip(labels.cluster_names, outcome.cluster_counts, strict=False)
         ],
         "n_boot_clusters": outcome.n_boot_clusters,
         "bootcluster": params.bootcluster or outcome.bootcluster_name,
@@ -262,41 +281,72 @@ def _model_fields(params: BootstrapParams, design: DesignArrays, outcome: Bootst
         "fixed_effect": effects[0].model_dump() if effects else None,
         "fixed_effects": effects,
         "demeaning": outcome.demeaning,
-        "coefficients": _coefficient_rows(outcome, design.names, params.sign_level),
+        "coefficients": _coefficient_rows(outcome, labels.names, params.sign_level),
     }
 
 
-def run_bootstrap(params: BootstrapParams, ctx: RunContext) -> BootstrapResult:
+def bootstrap_design(params: BootstrapParams, ctx: RunContext) -> DesignArrays:
+    """The design's arrays from the job's dataset and formula (on the host)."""
     ctx.progress(0.0, "parsing formula")
     with ctx.stage("formula"):
-        design = design_from_formula(
+        return design_from_formula(
             _bootstrap_frame(params, ctx), params.formula, params.cluster_columns, params.bootcluster, params.weights
         )
+
+
+def single_restrictions(params: BootstrapParams, names: list[str]) -> Restrictions:
+    """The hypothesis of a job testing one restriction or several jointly (not a family)."""
+    return _restrictions(params, params.restriction_texts, names)
+
+
+def to_device(design: DesignArrays, ctx: RunContext) -> BootstrapData:
+    with ctx.stage("to_device"):
+        return device_data(design, ctx.xp)
+
+
+def draw_report(ctx: RunContext) -> Callable[[float, str], None]:
+    """The bootstrap's report of its share of draws done, as the job's progress (0.05 to 0.95)."""
+
+    def report(fraction: float, stage: str) -> None:
+        ctx.progress(min(1.0, 0.05 + 0.9 * fraction), stage)
+
+    return report
+
+
+def run_bootstrap(params: BootstrapParams, ctx: RunContext) -> BootstrapResult:
+    design = bootstrap_design(params, ctx)
     if design.endogenous is not None:
         return run_iv(params, design, ctx)
     if params.family is not None:
         members = [_restrictions(params, [text], design.names) for text in params.family]
         restrictions = members[0]
     else:
-        restrictions = _restrictions(params, params.restriction_texts, design.names)
-    with ctx.stage("to_device"):
-        arrays = device_data(design, ctx.xp)
-
-    def report(fraction: float, stage: str) -> None:
-        ctx.progress(min(1.0, 0.05 + 0.9 * fraction), stage)
-
-    options = _bootstrap_options(params, restrictions, ctx)
+        restrictions = single_restrictions(params, design.names)
+    arrays = to_device(design, ctx)
+    options = bootstrap_options(params, restrictions, ctx)
     if params.family is not None:
-        outcomes = wild_bootstrap_family(ctx.xp, arrays, options, members, report, ctx.timer)
+        outcomes = wild_bootstrap_family(ctx.xp, arrays, options, members, draw_report(ctx), ctx.timer)
         return _family_result(params, design, members, outcomes, ctx)
-    outcome = wild_cluster_bootstrap(ctx.xp, arrays, options, report, ctx.timer)
+    outcome = wild_cluster_bootstrap(ctx.xp, arrays, options, draw_report(ctx), ctx.timer)
+    return bootstrap_test_result(params, restrictions, DesignLabels.of(design), outcome, ctx)
+
+
+def bootstrap_test_result(
+    params: BootstrapParams,
+    restrictions: Restrictions,
+    labels: DesignLabels,
+    outcome: BootstrapOutcome,
+    ctx: RunContext,
+) -> BootstrapResult:
+    """The result of a test of one restriction or several jointly, its draws saved as the ``bootstrap_t``
+    artifact."""
     with ctx.stage("artifacts"):
         ctx.save_artifact("bootstrap_t", outcome.t_boot)
     joint = restrictions.count > 1
     test_key = "wald" if joint else params.p_val_type
     return BootstrapResult(
         hypothesis=list(restrictions.texts),
-        restrictions=_restriction_rows(restrictions, outcome, design.names),
+        restrictions=_restriction_rows(restrictions, outcome, labels.names),
         test="wald" if joint else "t",
         estimate=None if joint else outcome.estimate,
         se=None if joint else outcome.se,
@@ -312,7 +362,7 @@ def run_bootstrap(params: BootstrapParams, ctx: RunContext) -> BootstrapResult:
         family=None,
         family_method=None,
         bootstrap_t=t_summary(outcome.t_boot),
-        **_model_fields(params, design, outcome),
+        **_model_fields(params, labels, outcome),
     )
 
 
@@ -369,7 +419,7 @@ def _family_result(
         family=rows,
         family_method=params.family_method,
         bootstrap_t=t_summary(largest),
-        **_model_fields(params, design, outcomes[0]),
+        **_model_fields(params, DesignLabels.of(design), outcomes[0]),
     )
 
 

@@ -9,6 +9,7 @@ Laplace prior ``nonzero_share`` is the share of replicates with a non-zero estim
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -52,6 +53,69 @@ def percentile_intervals(estimates: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return np.quantile(estimates, 0.025, axis=0), np.quantile(estimates, 0.975, axis=0)
 
 
+@dataclass(frozen=True)
+class ReplicateFits:
+    """The refits of some replicates, in replicate order."""
+
+    estimates: np.ndarray  # (n, J)
+    iterations: np.ndarray  # (n,) int64
+    converged: np.ndarray  # (n,) bool
+    gradient_norm: np.ndarray  # (n,)
+
+
+# The batch fitter for the members ``rows`` of a batch of ``size`` replicates (the single run's batch): the
+# single run's is its one fitter whatever the rows; a fanned-out job's chunk puts its members in their place
+# (kernels/sccs/chunks.py).
+PlacedFitter = Callable[[int, np.ndarray], BatchFitter]
+
+
+def replicate_fits(
+    xp: ModuleType,
+    n_cases: int,
+    fitter_at: PlacedFitter,
+    variance: float,
+    beta_hat: np.ndarray,
+    replicates: int,
+    chosen: range,
+    seed: int,
+    batch: int,
+    on_cycle: CycleCallback | None = None,
+) -> ReplicateFits:
+    """The refits of replicates ``chosen`` (of ``replicates``), in the single run's batches of ``batch``
+    (replicates ``0 .. batch - 1``, ``batch .. 2 batch - 1``, ...): each batch the range meets is fitted with
+    ``fitter_at(its size, the rows of the chosen replicates in it)``.
+
+    ``on_cycle(finished, cycle)`` runs after every cycle of every batch with the number of these refits
+    finished so far (progress, and the cancel point: it may raise).
+    """
+    estimates = np.zeros((len(chosen), beta_hat.size))
+    iterations = np.zeros(len(chosen), dtype=np.int64)
+    converged = np.zeros(len(chosen), dtype=bool)
+    gradient_norm = np.zeros(len(chosen))
+    for start in range(chosen.start - chosen.start % batch, chosen.stop, batch):
+        stop = min(start + batch, replicates)
+        first, last = max(start, chosen.start), min(stop, chosen.stop)
+        count = last - first
+        weights = case_weights(xp, n_cases, first, count, seed)
+        fitter = fitter_at(stop - start, np.arange(first - start, last - start))
+        results = fitter(np.full(count, variance), weights, np.tile(beta_hat, (count, 1)),
+                         offset_callback(on_cycle, first - chosen.start))
+        for row, result in enumerate(results):
+            at = first - chosen.start + row
+            estimates[at] = result.beta
+            iterations[at] = result.iterations
+            converged[at] = result.converged
+            gradient_norm[at] = result.gradient_norm
+    return ReplicateFits(estimates, iterations, converged, gradient_norm)
+
+
+def summarise(fits: ReplicateFits) -> BootstrapResult:
+    """Percentile intervals and non-zero shares from every replicate's refit, in replicate order."""
+    lower, upper = percentile_intervals(fits.estimates)
+    return BootstrapResult(fits.estimates, lower, upper, np.mean(fits.estimates != 0.0, axis=0), fits.iterations,
+                           fits.converged, fits.gradient_norm)
+
+
 def bootstrap(
     xp: ModuleType,
     n_cases: int,
@@ -70,20 +134,5 @@ def bootstrap(
     """
     if replicates < 2:
         raise ValueError("bootstrap needs at least 2 replicates")
-    estimates = np.zeros((replicates, beta_hat.size))
-    iterations = np.zeros(replicates, dtype=np.int64)
-    converged = np.zeros(replicates, dtype=bool)
-    gradient_norm = np.zeros(replicates)
-    for first in range(0, replicates, chunk):
-        count = min(chunk, replicates - first)
-        weights = case_weights(xp, n_cases, first, count, seed)
-        results = fitter(np.full(count, variance), weights, np.tile(beta_hat, (count, 1)),
-                         offset_callback(on_cycle, first))
-        for row, result in enumerate(results):
-            estimates[first + row] = result.beta
-            iterations[first + row] = result.iterations
-            converged[first + row] = result.converged
-            gradient_norm[first + row] = result.gradient_norm
-    lower, upper = percentile_intervals(estimates)
-    return BootstrapResult(estimates, lower, upper, np.mean(estimates != 0.0, axis=0), iterations, converged,
-                           gradient_norm)
+    return summarise(replicate_fits(xp, n_cases, lambda _size, _rows: fitter, variance, beta_hat, replicates,
+                                    range(replicates), seed, chunk, on_cycle))

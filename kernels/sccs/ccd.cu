@@ -1,6 +1,8 @@
 // The CCD fit's kernels on the GPU (the NumPy twin is ccd.py; the engine that launches them is gpu.py).
 // Defines: REAL (double or float: the per-era state eta, w and the case sums S), BLOCK (threads per block,
-// a power of two: the size of the shared reduction buffers). Sums over eras and blocks accumulate in double.
+// a power of two: the size of the shared reduction buffers). Sums over eras and blocks accumulate in double, and
+// none uses atomics: block partials go to arrays that are added in a fixed order, so every sum has the same bits
+// on every run, and a replicate's never depend on the other rows of its batch.
 typedef REAL real;
 
 __device__ __forceinline__ void block_sum2(double* sg, double* sh, double g, double h) {
@@ -58,12 +60,13 @@ extern "C" __global__ void sccs_grad_hess(
 }
 
 // One block per replicate: sums the block partials in a fixed order, then takes the bounded Newton step of
-// ccd.coordinate_step (prior 0 none, 1 normal, 2 laplace; Genkin's trust region and zero rule) on b_j.
+// ccd.coordinate_step (prior 0 none, 1 normal, 2 laplace; Genkin's trust region and zero rule) on b_j. A
+// replicate whose held coefficient is j (fixed[r] == j: a constrained refit of the profile) does not move it.
 extern "C" __global__ void sccs_step(
     const int j, const int nblocks, const double* __restrict__ partial, const int partial_stride,
     const double* __restrict__ numerator, double* __restrict__ beta, double* __restrict__ trust,
-    double* __restrict__ step_out, const int* __restrict__ active, const int kind, const int penalised,
-    const double* __restrict__ variance, const int n_cov)
+    double* __restrict__ step_out, const int* __restrict__ active, const int* __restrict__ fixed, const int kind,
+    const int penalised, const double* __restrict__ variance, const int n_cov)
 {
     __shared__ double sg[BLOCK];
     __shared__ double sh[BLOCK];
@@ -76,7 +79,7 @@ extern "C" __global__ void sccs_step(
     }
     block_sum2(sg, sh, g, h);
     if (threadIdx.x != 0) return;
-    if (!active[r]) { step_out[r] = 0.0; return; }
+    if (!active[r] || fixed[r] == j) { step_out[r] = 0.0; return; }
     const long long at = (long long)r * n_cov + j;
     const double grad = -(numerator[at] - sg[0]);
     const double hess = sh[0];
@@ -140,12 +143,14 @@ extern "C" __global__ void sccs_update(
     sums[(long long)r * n_cases + c] += (real)change;
 }
 
-// The paper's convergence criterion per replicate: sum_k c |eta_k - eta_start_k| and sum_k c |eta_k| (out[2r],
-// out[2r + 1]; the caller zeroes out first).
+// The paper's convergence criterion per replicate r = blockIdx.y: the block partials of sum_k c |eta_k -
+// eta_start_k| and of sum_k c |eta_k|, written to partial[2r, blockIdx.x] and partial[2r + 1, blockIdx.x] (a
+// (2R, gridDim.x) array; fixed_sums.row_totals then adds each row in a fixed order: no atomics, so the criterion,
+// and the cycle a fit stops at, are the same on every run).
 extern "C" __global__ void sccs_xbeta_change(
     const real* __restrict__ eta, const real* __restrict__ eta_start, const long long* __restrict__ era_case,
     const double* __restrict__ case_weights, const long long n_eras, const long long n_cases,
-    double* __restrict__ out)
+    double* __restrict__ partial)
 {
     __shared__ double sg[BLOCK];
     __shared__ double sh[BLOCK];
@@ -160,7 +165,124 @@ extern "C" __global__ void sccs_xbeta_change(
     }
     block_sum2(sg, sh, change, size);
     if (threadIdx.x == 0) {
-        atomicAdd(out + 2 * r, sg[0]);
-        atomicAdd(out + 2 * r + 1, sh[0]);
+        partial[2LL * r * gridDim.x + blockIdx.x] = sg[0];
+        partial[(2LL * r + 1) * gridDim.x + blockIdx.x] = sh[0];
     }
+}
+
+__device__ __forceinline__ void block_sum(double* s, double value) {
+    s[threadIdx.x] = value;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+        if (threadIdx.x < half) s[threadIdx.x] += s[threadIdx.x + half];
+        __syncthreads();
+    }
+}
+
+// The log-likelihood's gradient from the batch's state (the gradient criterion of a profile engine), part 1:
+// per (chunk c = blockIdx.x of one column's nonzeros, replicate r = blockIdx.y) the chunk's sum of
+// c_i n_i w_k x_kj / S_i (i the case of era k), written to chunk_sum[r, c]; 0 for a frozen replicate.
+extern "C" __global__ void sccs_gradient_chunks(
+    const long long* __restrict__ chunk_ptr, const long long* __restrict__ col_rows,
+    const double* __restrict__ col_values, const long long* __restrict__ era_case, const real* __restrict__ w,
+    const real* __restrict__ sums, const double* __restrict__ weighted_events, const int* __restrict__ active,
+    double* __restrict__ chunk_sum, const long long n_chunks, const long long n_eras, const long long n_cases)
+{
+    __shared__ double s[BLOCK];
+    const int r = blockIdx.y;
+    const long long c = blockIdx.x;
+    double total = 0.0;
+    if (active[r]) {
+        const real* wr = w + (long long)r * n_eras;
+        const real* sr = sums + (long long)r * n_cases;
+        const double* er = weighted_events + (long long)r * n_cases;
+        for (long long p = chunk_ptr[c] + threadIdx.x; p < chunk_ptr[c + 1]; p += blockDim.x) {
+            const long long k = col_rows[p];
+            const long long i = era_case[k];
+            total += er[i] * (double)wr[k] * col_values[p] / (double)sr[i];
+        }
+    }
+    block_sum(s, total);
+    if (threadIdx.x == 0) chunk_sum[(long long)r * n_chunks + c] = s[0];
+}
+
+// Part 2: one thread per (covariate j, replicate r = blockIdx.y) sums column j's chunks in order, forms the
+// gradient g_j = t_j - sum and the KKT residual of model.kkt_residual (prior 0 none, 1 normal, 2 laplace);
+// 0 for the held coefficient (fixed[r] == j) and for a frozen replicate.
+extern "C" __global__ void sccs_kkt_residual(
+    const long long* __restrict__ column_chunk_ptr, const double* __restrict__ chunk_sum, const long long n_chunks,
+    const double* __restrict__ numerator, const double* __restrict__ beta, const int* __restrict__ penalised,
+    const int kind, const double* __restrict__ variance, const int* __restrict__ fixed,
+    const int* __restrict__ active, const int n_cov, double* __restrict__ residual)
+{
+    const int r = blockIdx.y;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n_cov) return;
+    const long long at = (long long)r * n_cov + j;
+    if (!active[r] || fixed[r] == j) { residual[at] = 0.0; return; }
+    double sum = 0.0;
+    const double* row = chunk_sum + (long long)r * n_chunks;
+    for (long long c = column_chunk_ptr[j]; c < column_chunk_ptr[j + 1]; ++c) sum += row[c];
+    const double g = numerator[at] - sum;
+    const double b = beta[at];
+    double value = fabs(g);
+    if (kind == 1 && penalised[j]) {
+        value = fabs(g - b / variance[r]);
+    } else if (kind == 2 && penalised[j]) {
+        const double rate = sqrt(2.0 / variance[r]);
+        value = b != 0.0 ? fabs(g - (b > 0.0 ? rate : -rate)) : fmax(fabs(g) - rate, 0.0);
+    }
+    residual[at] = value;
+}
+
+// The log-likelihood from the batch's state (a profile engine's results): one thread per (case i, replicate
+// r = blockIdx.y) forms c_i (sum_k y_k (eta_k + log L_k) - n_i log S_i) over the case's eras
+// (case_ptr[i] .. case_ptr[i + 1]: eras are sorted by case), S_i summed afresh from w; each block writes its
+// partial sum to partial[r, blockIdx.x].
+extern "C" __global__ void sccs_case_loglik(
+    const long long* __restrict__ case_ptr, const double* __restrict__ era_events,
+    const double* __restrict__ log_length, const real* __restrict__ eta, const real* __restrict__ w,
+    const double* __restrict__ case_events, const double* __restrict__ case_weights, double* __restrict__ partial,
+    const long long n_eras, const long long n_cases)
+{
+    __shared__ double s[BLOCK];
+    const int r = blockIdx.y;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    double value = 0.0;
+    if (i < n_cases) {
+        const double c = case_weights[(long long)r * n_cases + i];
+        if (c != 0.0) {
+            const real* er = eta + (long long)r * n_eras;
+            const real* wr = w + (long long)r * n_eras;
+            double numerator = 0.0, total = 0.0;
+            for (long long k = case_ptr[i]; k < case_ptr[i + 1]; ++k) {
+                numerator += era_events[k] * ((double)er[k] + log_length[k]);
+                total += (double)wr[k];
+            }
+            value = c * (numerator - case_events[i] * log(total));
+        }
+    }
+    block_sum(s, value);
+    if (threadIdx.x == 0) partial[(long long)r * gridDim.x + blockIdx.x] = s[0];
+}
+
+// The batch's numerators t_j = sum_i c_i q_ij (q_ij = sum_k y_k x_kj over case i's nonzeros of column j, one per
+// touched slot): one block per (covariate j = blockIdx.x, replicate r = blockIdx.y) adds q times the replicate's
+// case weight over the column's touched slots (touched_col_ptr[j] .. touched_col_ptr[j + 1]) in a fixed order, so
+// a replicate's numerators never depend on the run or on the other rows of its batch.
+extern "C" __global__ void sccs_numerators(
+    const long long* __restrict__ touched_col_ptr, const long long* __restrict__ touched_case,
+    const double* __restrict__ touched_events, const double* __restrict__ case_weights,
+    double* __restrict__ numerator, const long long n_cases, const int n_cov)
+{
+    __shared__ double s[BLOCK];
+    const int j = blockIdx.x;
+    const int r = blockIdx.y;
+    const double* c = case_weights + (long long)r * n_cases;
+    double total = 0.0;
+    for (long long t = touched_col_ptr[j] + threadIdx.x; t < touched_col_ptr[j + 1]; t += blockDim.x) {
+        total += touched_events[t] * c[touched_case[t]];
+    }
+    block_sum(s, total);
+    if (threadIdx.x == 0) numerator[(long long)r * n_cov + j] = s[0];
 }

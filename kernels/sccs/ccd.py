@@ -69,6 +69,9 @@ class FitResult:
     log_posterior: float
     gradient_norm: float  # max-norm of the final KKT residual
     criterion: float  # the convergence criterion's last value
+    # d LL / d b at ``beta`` (J,) where the fit evaluated it from scratch (``finish``); None where it did not. What
+    # maps the KKT residual of a fit in other coordinates back (kernels/sccs/precondition.py).
+    loglik_gradient: np.ndarray | None = None
 
 
 def coordinate_step(
@@ -117,11 +120,14 @@ def fit(
     case_weights: np.ndarray | None = None,
     beta0: np.ndarray | None = None,
     on_cycle: Callable[[int, bool], None] | None = None,
+    fixed_column: int | None = None,
 ) -> FitResult:
     """One MAP fit on the host (NumPy).
 
     ``on_cycle(cycle, finished)`` runs after every cycle (``finished``: the fit stops after this cycle,
     converged or at ``max_iterations``); it may raise (e.g. ``JobCancelled``) to abandon the fit.
+    ``fixed_column``: that coefficient is held at its ``beta0`` value (a constrained refit of the profile
+    likelihood): the cycles skip it, and the KKT residual (criterion and ``gradient_norm``) leaves it out.
     """
     if not is_numpy(data.xp):
         raise TypeError("ccd.fit is the NumPy path; use kernels.sccs.gpu for CuPy data")
@@ -135,6 +141,8 @@ def fit(
     beta = np.zeros(n_cov) if beta0 is None else np.array(beta0, dtype=np.float64)
     if beta.shape != (n_cov,):
         raise ValueError(f"beta0 must have shape ({n_cov},)")
+    if fixed_column is not None and not 0 <= fixed_column < n_cov:
+        raise ValueError(f"fixed_column must be a column index below {n_cov}, got {fixed_column}")
 
     state = _CaseState(data, beta, dtype)
     weighted_events = weights * data.case_events  # c_i n_i
@@ -155,7 +163,7 @@ def fit(
         for j in range(n_cov):
             start, stop = col_ptr[j], col_ptr[j + 1]
             t_start, t_stop = touched_col_ptr[j], touched_col_ptr[j + 1]
-            if start == stop:
+            if start == stop or j == fixed_column:
                 continue
             rows = data.col_rows[start:stop]
             values = data.col_values[start:stop]
@@ -187,31 +195,43 @@ def fit(
             change = float(np.sum(era_weight * np.abs(state.eta.astype(np.float64) - eta_start)))
             criterion = change / (1.0 + float(np.sum(era_weight * np.abs(state.eta.astype(np.float64)))))
         else:
-            criterion = float(np.max(model.kkt_residual(beta, model.gradient(data, beta, weights), prior), initial=0.0))
+            criterion = kkt_max(beta, model.gradient(data, beta, weights), prior, fixed_column)
         converged = criterion <= options.tolerance
         if on_cycle is not None:
             on_cycle(iterations, converged or iterations == options.max_iterations)
         if converged:
             break
-    return finish(data, prior, weights, beta, iterations, converged, criterion)
+    return finish(data, prior, weights, beta, iterations, converged, criterion, fixed_column)
+
+
+def kkt_max(beta: np.ndarray, loglik_gradient: object, prior: Prior, fixed_column: int | None = None) -> float:
+    """The max-norm of the KKT residual (:func:`model.kkt_residual`), without the held coefficient's."""
+    residual = model.kkt_residual(beta, to_host(loglik_gradient), prior)
+    if fixed_column is not None:
+        residual[fixed_column] = 0.0
+    return float(np.max(residual, initial=0.0))
 
 
 def finish(
     data: SccsData, prior: Prior, weights: object, beta: np.ndarray, iterations: int, converged: bool,
-    criterion: float,
+    criterion: float, fixed_column: int | None = None,
 ) -> FitResult:
-    """Evaluate the fit's log-likelihood, log-posterior and KKT residual from scratch (on data's device)."""
+    """Evaluate the fit's log-likelihood, log-posterior and KKT residual from scratch (on data's device).
+
+    With a held coefficient (``fixed_column``) the log-posterior still includes its prior term, ``log p(b_j)``
+    at the held value: what the profile likelihood of a penalised coefficient is."""
     beta_host = np.asarray(beta, dtype=np.float64)
     ll, grad = model.log_likelihood_and_gradient(data, beta_host, weights)
-    residual = model.kkt_residual(beta_host, to_host(grad), prior)
+    grad_host = np.asarray(to_host(grad), dtype=np.float64)
     return FitResult(
         beta=beta_host.copy(),
         iterations=iterations,
         converged=converged,
         log_likelihood=ll,
         log_posterior=ll + model.log_prior(beta_host, prior),
-        gradient_norm=float(np.max(residual, initial=0.0)),
+        gradient_norm=kkt_max(beta_host, grad_host, prior, fixed_column),
         criterion=float(criterion),
+        loglik_gradient=grad_host,
     )
 
 

@@ -52,6 +52,74 @@ class CvResult:
     gradient_norm: np.ndarray  # (folds, V) max KKT residual of each training fit
 
 
+def variance_grid(variances: list[float] | tuple[float, ...]) -> np.ndarray:
+    """The variances to cross-validate, ascending (the order of the warm starts)."""
+    grid = np.sort(np.asarray(variances, dtype=np.float64))
+    if grid.size == 0 or np.any(grid <= 0):
+        raise ValueError("cross-validation variances must be a non-empty list of positive numbers")
+    return grid
+
+
+@dataclass(frozen=True)
+class FoldFits:
+    """The CV fits of some folds (rows, in fold order) over the whole grid (columns)."""
+
+    fold_loglik: np.ndarray  # (n, V) held-out log-likelihood
+    iterations: np.ndarray  # (n, V) int64
+    converged: np.ndarray  # (n, V) bool
+    coefficients: np.ndarray  # (n, V, J)
+    gradient_norm: np.ndarray  # (n, V)
+
+
+def fold_fits(
+    data: SccsData,
+    fitter: BatchFitter,
+    grid: np.ndarray,
+    folds: int,
+    seed: int,
+    chosen: range,
+    on_cycle: CycleCallback | None = None,
+) -> FoldFits:
+    """The fits of folds ``chosen`` (of ``folds``) over the ascending ``grid``, each fold warm-started from its
+    fit at the previous variance; the folds of one variance are one batch. A fold's fits depend on nothing but
+    the fold, so any split of the folds reproduces :func:`cross_validate` (on the GPU with each fold kept in its
+    row of the all-folds batch: ``kernels/sccs/chunks.py``).
+
+    ``on_cycle(finished, cycle)`` runs after every cycle of every batch with the number of these folds' fits
+    finished so far (progress, and the cancel point: it may raise).
+    """
+    fold = fold_of_case(data.n_cases, folds, seed)
+    members = np.arange(chosen.start, chosen.stop)
+    held_out = (fold[None, :] == members[:, None]).astype(np.float64)  # (n, N)
+    training = 1.0 - held_out
+    beta = np.zeros((members.size, data.n_covariates))
+    scores = np.zeros((members.size, grid.size))
+    iterations = np.zeros((members.size, grid.size), dtype=np.int64)
+    converged = np.zeros((members.size, grid.size), dtype=bool)
+    coefficients = np.zeros((members.size, grid.size, data.n_covariates))
+    gradient_norm = np.zeros((members.size, grid.size))
+    xp = data.xp
+    for v, variance in enumerate(grid.tolist()):
+        report = offset_callback(on_cycle, v * members.size)
+        results = fitter(np.full(members.size, variance), training, beta, report)
+        for f, result in enumerate(results):
+            beta[f] = result.beta
+            coefficients[f, v] = result.beta
+            scores[f, v] = model.log_likelihood(data, result.beta, xp.asarray(held_out[f]))
+            iterations[f, v] = result.iterations
+            converged[f, v] = result.converged
+            gradient_norm[f, v] = result.gradient_norm
+    return FoldFits(scores, iterations, converged, coefficients, gradient_norm)
+
+
+def summarise(grid: np.ndarray, fits: FoldFits) -> CvResult:
+    """The CV curve (the mean over folds per variance) and the variance that maximises it, from every fold's
+    fits in fold order."""
+    mean = fits.fold_loglik.mean(axis=0)
+    return CvResult(grid, fits.fold_loglik, mean, float(grid[int(np.argmax(mean))]), fits.iterations, fits.converged,
+                    fits.coefficients, fits.gradient_norm)
+
+
 def cross_validate(
     data: SccsData,
     fitter: BatchFitter,
@@ -65,30 +133,5 @@ def cross_validate(
     ``on_cycle(finished, cycle)`` runs after every cycle of every batch (all folds of one variance) with the
     number of CV fits finished so far (progress, and the cancel point: it may raise).
     """
-    grid = np.sort(np.asarray(variances, dtype=np.float64))
-    if grid.size == 0 or np.any(grid <= 0):
-        raise ValueError("cross-validation variances must be a non-empty list of positive numbers")
-    fold = fold_of_case(data.n_cases, folds, seed)
-    held_out = (fold[None, :] == np.arange(folds)[:, None]).astype(np.float64)  # (folds, N)
-    training = 1.0 - held_out
-    beta = np.zeros((folds, data.n_covariates))
-    scores = np.zeros((folds, grid.size))
-    iterations = np.zeros((folds, grid.size), dtype=np.int64)
-    converged = np.zeros((folds, grid.size), dtype=bool)
-    coefficients = np.zeros((folds, grid.size, data.n_covariates))
-    gradient_norm = np.zeros((folds, grid.size))
-    xp = data.xp
-    for v, variance in enumerate(grid.tolist()):
-        report = offset_callback(on_cycle, v * folds)
-        results = fitter(np.full(folds, variance), training, beta, report)
-        for f, result in enumerate(results):
-            beta[f] = result.beta
-            coefficients[f, v] = result.beta
-            scores[f, v] = model.log_likelihood(data, result.beta, xp.asarray(held_out[f]))
-            iterations[f, v] = result.iterations
-            converged[f, v] = result.converged
-            gradient_norm[f, v] = result.gradient_norm
-    mean = scores.mean(axis=0)
-    return CvResult(grid, scores, mean, float(grid[int(np.argmax(mean))]), iterations, converged, coefficients,
-                    gradient_norm)
-
+    grid = variance_grid(variances)
+    return summarise(grid, fold_fits(data, fitter, grid, folds, seed, range(folds), on_cycle))

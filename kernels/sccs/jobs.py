@@ -6,6 +6,7 @@ MAP fit, optional cross-validation of the prior variance and case-bootstrap inte
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from types import ModuleType
@@ -15,20 +16,22 @@ import pandas as pd
 from scipy import stats
 
 from kernels import cuda
-from kernels.backend import get_namespace, is_numpy
+from kernels.backend import get_namespace, is_numpy, to_host
 from kernels.context import RunContext, local_context
 from kernels.registry import JobKind, KindExample
 from kernels.sccs import bootstrap as boot
 from kernels.sccs import calibration as cal
-from kernels.sccs import ccd, gpu, study, synthetic, transfer
+from kernels.sccs import ccd, gpu, precondition, study, synthetic, transfer
 from kernels.sccs import cv as crossval
 from kernels.sccs import diagnostics as diag
 from kernels.sccs.analyses import SingleFits, single_covariate_fits
 from kernels.sccs.data import BuiltData, IntervalTables, SccsData, build_from_tables, eras_from_person_data
 from kernels.sccs.model import Prior
-from kernels.sccs.profile import ProfileInterval, profile_intervals
+from kernels.sccs.outcomes import outcome_of_rows, pair_columns, select_outcome
+from kernels.sccs.profile import ProfileInterval, ProfileProgress, batched_profile_intervals
 from kernels.sccs.spec import (
     AGE_COLUMN,
+    OUTCOME_COLUMN,
     AnalysisRow,
     BootstrapSpec,
     CalibrationSummary,
@@ -37,6 +40,7 @@ from kernels.sccs.spec import (
     CvPoint,
     DiagnosticsSpec,
     EraCovariate,
+    EraOutcome,
     MdrrRow,
     SccsAnalysesParams,
     SccsAnalysesResult,
@@ -134,14 +138,17 @@ class _FitInputs:
 def _load_inputs(params: SccsParams, ctx: RunContext) -> _FitInputs:
     """The tables' columns read (host), copied to the job's device, sorted, indexed and checked there; the names
     and the prior."""
-    built, names = _load_tables(ctx)
+    built, names = _load_tables(ctx, params.outcome_id)
     return _FitInputs(built, names, _prior(params, built.data.covariate_ids))
 
 
-def _load_tables(ctx: RunContext) -> tuple[BuiltData, list[str | None]]:
-    """The interval tables built on the job's device, and the covariates' names (None without a names table)."""
+def _load_tables(ctx: RunContext, outcome_id: int | None) -> tuple[BuiltData, list[str | None]]:
+    """The interval tables (of ``outcome_id`` when they stack several outcomes) built on the job's device, and
+    the covariates' names (None without a names table)."""
     with ctx.stage("tables"):
-        columns = table_columns(ctx.dataset("outcomes_dataset_id"), ctx.dataset("covariates_dataset_id"))
+        outcomes, covariates = select_outcome(ctx.dataset("outcomes_dataset_id"),
+                                              ctx.dataset("covariates_dataset_id"), outcome_id)
+        columns = table_columns(outcomes, covariates)
     if not is_numpy(ctx.xp):
         with ctx.stage("to_device"):
             columns = {name: transfer.to_device(ctx.xp, values) for name, values in columns.items()}
@@ -152,18 +159,25 @@ def _load_tables(ctx: RunContext) -> tuple[BuiltData, list[str | None]]:
 
 # -- the fits --------------------------------------------------------------------------------------------
 
-class _FitPlan:
-    """The job's fits in order (CV, final, bootstrap): their batch fitters and per-cycle progress."""
+class FitPlan:
+    """The job's fits in order (CV, final, bootstrap): their batch fitters and per-cycle progress (also what a
+    fanned-out job's chunks fit with: ``kernels/sccs/chunks.py``)."""
 
     def __init__(self, params: SccsParams, ctx: RunContext, inputs: _FitInputs) -> None:
         self.ctx, self.data, self.prior = ctx, inputs.data, inputs.prior
         self.options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, params.precision)
+        self.whiten_splines = params.precondition == "splines"
         cv_spec, boot_spec = params.cross_validation, params.bootstrap
         if cv_spec is not None and cv_spec.folds > self.data.n_cases:
             raise ValueError(f"cross_validation.folds={cv_spec.folds} exceeds the {self.data.n_cases} cases with "
                              "events")
         self.cv_fits = cv_spec.folds * len(cv_spec.variances()) if cv_spec else 0
         self.total_fits = self.cv_fits + 1 + (boot_spec.replicates if boot_spec else 0)
+
+    @classmethod
+    def load(cls, params: SccsParams, ctx: RunContext) -> FitPlan:
+        """The plan of ``params`` on the tables of ``ctx`` (read, built on its device and checked)."""
+        return cls(params, ctx, _load_inputs(params, ctx))
 
     def reporter(self, stage: str, before: int) -> ccd.CycleCallback:
         """Progress after every CCD cycle of every batch (the cancel point: progress may raise)."""
@@ -175,27 +189,50 @@ class _FitPlan:
 
         return report
 
+    @functools.cached_property
+    def coordinates(self) -> precondition.FitCoordinates | None:
+        """The whitened coordinates the fits run in (``precondition: splines`` and a dense unpenalised block in
+        the data), made on first use (timed as "precondition"): a fanned-out job's finish that fits nothing
+        makes none."""
+        if not self.whiten_splines:
+            return None
+        with self.ctx.stage("precondition"):
+            return precondition.fit_coordinates(self.data, self.prior)
+
+    @property
+    def fit_data(self) -> SccsData:
+        """The data the fits run on (the whitened columns with ``precondition: splines``)."""
+        return self.data if self.coordinates is None else self.coordinates.data
+
     def fitter(self, capacity: int) -> ccd.BatchFitter:
         """A batch fitter: NumPy fits one by one, or a GPU engine of ``capacity`` replicates (timed as "engine":
-        buffers and the CUDA-graph capture, once per batch size)."""
+        buffers and the CUDA-graph capture, once per batch size). With ``precondition: splines`` it fits in the
+        whitened coordinates and takes and gives coefficients in the original ones."""
+        coordinates, data = self.coordinates, self.fit_data
         if is_numpy(self.ctx.xp):
-            return ccd.numpy_batch_fitter(self.data, self.prior, self.options)
-        with self.ctx.stage("engine"):
-            return gpu.batch_fitter(self.data, self.prior, self.options, capacity)
+            fitter = ccd.numpy_batch_fitter(data, self.prior, self.options)
+        else:
+            with self.ctx.stage("engine"):
+                fitter = gpu.batch_fitter(data, self.prior, self.options, capacity)
+        return fitter if coordinates is None else coordinates.fitter(fitter)
 
     def bootstrap_chunk(self, replicates: int) -> int:
         if is_numpy(self.ctx.xp):
             return _NUMPY_BOOTSTRAP_CHUNK
+        data = self.fit_data  # first: whitened data (made now if not yet) takes device memory
         # Free device memory: the driver's, and the blocks CuPy's pool holds free (the table build leaves some).
         free_bytes = self.ctx.xp.cuda.Device().mem_info[0] + self.ctx.xp.get_default_memory_pool().free_bytes()
-        return gpu.capacity_for(self.data, self.options.precision, replicates, int(free_bytes * _GPU_MEMORY_SHARE))
+        return gpu.capacity_for(data, self.options.precision, replicates, int(free_bytes * _GPU_MEMORY_SHARE))
 
 
-def _cross_validate(plan: _FitPlan, spec: CrossValidationSpec) -> crossval.CvResult:
-    fitter = plan.fitter(spec.folds)
-    with plan.ctx.stage("cross_validation"):
-        result = crossval.cross_validate(plan.data, fitter, spec.variances(), spec.folds, spec.seed,
-                                         plan.reporter("cross-validation", 0))
+def _cross_validate(plan: FitPlan, spec: CrossValidationSpec,
+                    computed: crossval.CvResult | None = None) -> crossval.CvResult:
+    result = computed
+    if result is None:
+        fitter = plan.fitter(spec.folds)
+        with plan.ctx.stage("cross_validation"):
+            result = crossval.cross_validate(plan.data, fitter, spec.variances(), spec.folds, spec.seed,
+                                             plan.reporter("cross-validation", 0))
     plan.ctx.save_artifact("cv_predictive_log_likelihood", {
         "variance": result.variances, "fold_log_likelihood": result.fold_loglik,
         "iterations": result.iterations, "converged": result.converged,
@@ -205,7 +242,8 @@ def _cross_validate(plan: _FitPlan, spec: CrossValidationSpec) -> crossval.CvRes
     return result
 
 
-def _final_fit(plan: _FitPlan, variance: float) -> ccd.FitResult:
+def final_fit(plan: FitPlan, variance: float) -> ccd.FitResult:
+    """The MAP fit of every case at ``variance`` (from 0, alone in its batch)."""
     fitter = plan.fitter(1)
     with plan.ctx.stage("fit"):
         data = plan.data
@@ -213,12 +251,15 @@ def _final_fit(plan: _FitPlan, variance: float) -> ccd.FitResult:
                       plan.reporter("fit", plan.cv_fits))[0]
 
 
-def _bootstrap(plan: _FitPlan, spec: BootstrapSpec, variance: float, beta_hat: np.ndarray) -> boot.BootstrapResult:
-    chunk = plan.bootstrap_chunk(spec.replicates)
-    fitter = plan.fitter(chunk)
-    with plan.ctx.stage("bootstrap"):
-        result = boot.bootstrap(plan.ctx.xp, plan.data.n_cases, fitter, variance, beta_hat, spec.replicates,
-                                spec.seed, chunk, plan.reporter("bootstrap", plan.cv_fits + 1))
+def _bootstrap(plan: FitPlan, spec: BootstrapSpec, variance: float, beta_hat: np.ndarray,
+               computed: boot.BootstrapResult | None = None) -> boot.BootstrapResult:
+    result = computed
+    if result is None:
+        chunk = plan.bootstrap_chunk(spec.replicates)
+        fitter = plan.fitter(chunk)
+        with plan.ctx.stage("bootstrap"):
+            result = boot.bootstrap(plan.ctx.xp, plan.data.n_cases, fitter, variance, beta_hat, spec.replicates,
+                                    spec.seed, chunk, plan.reporter("bootstrap", plan.cv_fits + 1))
     plan.ctx.save_artifact("bootstrap_estimates", {
         "covariate_id": plan.data.covariate_ids, "estimates": result.estimates,
         "iterations": result.iterations, "converged": result.converged,
@@ -248,9 +289,19 @@ def _profile(params: SccsParams, inputs: _FitInputs, result: ccd.FitResult, vari
     prior = inputs.prior.with_variance(variance) if inputs.prior.kind != "none" else inputs.prior
     options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, "float64")
     ctx.progress(0.9, f"profile likelihood of {len(columns)} covariates")
-    intervals = profile_intervals(inputs.data, prior, result, columns, spec.level, options)
+    intervals = batched_profile_intervals(inputs.data, prior, result, columns, spec.level, options,
+                                          _profile_progress(ctx, 0.9, "profile likelihood"))
     ctx.save_artifact("profile_curves", _profile_curves(inputs, intervals))
     return {interval.covariate: interval for interval in intervals}
+
+
+def _profile_progress(ctx: RunContext, fraction: float, stage: str) -> ProfileProgress:
+    """The profile's progress after every CCD cycle of its refits (the cancel point: progress may raise)."""
+
+    def report(finished: int, searches: int) -> None:
+        ctx.progress(fraction, f"{stage}: {finished}/{searches} interval ends found")
+
+    return report
 
 
 def _profile_curves(inputs: _FitInputs, intervals: list[ProfileInterval]) -> pd.DataFrame:
@@ -283,7 +334,7 @@ def _diagnostics(params: SccsParams, inputs: _FitInputs, result: ccd.FitResult, 
     pre_exposure = [windows[covariate] for covariate in spec.pre_exposure_covariates]
     end_check = windows.get(spec.end_of_observation_covariate) if spec.end_of_observation_covariate is not None \
         else None
-    stability = _time_stability(spec, ctx) if ctx.has_dataset("cases_dataset_id") else None
+    stability = _time_stability(spec, ctx, params.outcome_id) if ctx.has_dataset("cases_dataset_id") else None
     return SccsDiagnostics(mdrr=rows, pre_exposure=pre_exposure, end_of_observation=end_check,
                            time_stability=stability)
 
@@ -307,7 +358,8 @@ def _window_checks(spec: DiagnosticsSpec, inputs: _FitInputs, result: ccd.FitRes
     options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, "float64")
     ctx.progress(0.95, f"diagnostics: profile intervals of {len(bounds)} windows")
     with ctx.stage("diagnostics"):
-        intervals = profile_intervals(inputs.data, prior, result, [ids.index(c) for c in bounds], 0.95, options)
+        intervals = batched_profile_intervals(inputs.data, prior, result, [ids.index(c) for c in bounds], 0.95,
+                                              options, _profile_progress(ctx, 0.95, "diagnostics"))
     checks = {}
     for covariate, interval in zip(bounds, intervals, strict=True):
         check = diag.interval_check(interval.estimate, interval.lower, interval.upper, tuple(bounds[covariate]))
@@ -317,7 +369,20 @@ def _window_checks(spec: DiagnosticsSpec, inputs: _FitInputs, result: ccd.FitRes
     return checks
 
 
-def _time_stability(spec: DiagnosticsSpec, ctx: RunContext) -> TimeStabilityCheck:
+def _single_outcome(event_outcome: np.ndarray, outcome_id: int | None) -> int:
+    """The outcome of a fit among the events' outcomeIds (``outcome_id``, or the only one there is)."""
+    present = np.unique(event_outcome)
+    if outcome_id is None:
+        if present.size > 1:
+            raise ValueError(f"outcome_id: the events table holds {present.size} outcomes ({OUTCOME_COLUMN}); "
+                             "choose the one to fit")
+        return int(present[0])
+    if outcome_id not in set(present.tolist()):
+        raise ValueError(f"outcome_id: {outcome_id} is not an {OUTCOME_COLUMN} of the events table")
+    return outcome_id
+
+
+def _time_stability(spec: DiagnosticsSpec, ctx: RunContext, outcome_id: int | None) -> TimeStabilityCheck:
     """checkTimeStabilityAssumption on the person-level tables (days or dates; events outside their case's
     observation period, or of no listed case, are not counted)."""
     cases, events = ctx.dataset("cases_dataset_id"), ctx.dataset("events_dataset_id")
@@ -332,6 +397,12 @@ def _time_stability(spec: DiagnosticsSpec, ctx: RunContext) -> TimeStabilityChec
             raise ValueError("cases.caseId must be unique (one observation period per case)")
         event_case = _column(events, "events", "caseId", integer=True)
         event_day = _day_column(events, "events", "day")
+        event_outcome = _event_outcome(events)
+        if event_outcome is not None:  # several outcomes' events: this fit's outcome, and the cases that have it
+            kept = event_outcome == _single_outcome(event_outcome, outcome_id)
+            event_case, event_day = event_case[kept], event_day[kept]
+            cases_kept = np.isin(case_id, event_case)
+            case_id, start, end = case_id[cases_kept], start[cases_kept], end[cases_kept]
         order = np.argsort(case_id, kind="stable")
         slot = np.minimum(np.searchsorted(case_id[order], event_case), case_id.size - 1)
         owner = order[slot]
@@ -482,22 +553,33 @@ def _fit_result(
     )
 
 
-def run_fit(params: SccsParams, ctx: RunContext) -> SccsResult:
+@dataclass(frozen=True)
+class ComputedFits:
+    """Fits of an ``sccs_fit`` run computed before it, by a fanned-out job's chunks and lead
+    (``kernels/sccs/chunks.py``): the run takes them as they are instead of fitting them again."""
+
+    cross_validation: crossval.CvResult | None = None
+    final_fit: ccd.FitResult | None = None
+    bootstrap: boot.BootstrapResult | None = None
+
+
+def run_fit(params: SccsParams, ctx: RunContext, computed: ComputedFits | None = None) -> SccsResult:
     """The ``sccs_fit`` job: CV of the prior variance (optional), the MAP fit, the case bootstrap (optional)."""
     if params.cross_validation is not None and params.prior.type == "none":
         raise ValueError("cross_validation needs prior.type normal or laplace (there is no variance to choose)")
     ctx.progress(0.0, "loading tables")
     inputs = _load_inputs(params, ctx)
-    plan = _FitPlan(params, ctx, inputs)
+    plan = FitPlan(params, ctx, inputs)
+    computed = computed or ComputedFits()
     cv_result = None
     variance = params.prior.variance
     if params.cross_validation is not None:
-        cv_result = _cross_validate(plan, params.cross_validation)
+        cv_result = _cross_validate(plan, params.cross_validation, computed.cross_validation)
         variance = cv_result.chosen_variance
-    result = _final_fit(plan, variance)
+    result = computed.final_fit or final_fit(plan, variance)
     boot_result = None
     if params.bootstrap is not None:
-        boot_result = _bootstrap(plan, params.bootstrap, variance, result.beta)
+        boot_result = _bootstrap(plan, params.bootstrap, variance, result.beta, computed.bootstrap)
     profiles = None
     if params.profile is not None:
         with ctx.stage("profile"):
@@ -510,19 +592,79 @@ def run_fit(params: SccsParams, ctx: RunContext) -> SccsResult:
 
 # -- many single-exposure analyses -----------------------------------------------------------------------
 
-def run_analyses(params: SccsAnalysesParams, ctx: RunContext) -> SccsAnalysesResult:
-    """The ``sccs_analyses`` job: every exposure alone on one outcome's tables, one batch on the job's device
-    (kernels/sccs/analyses.py), then the MDRRs and, with controls, empirical calibration."""
-    ctx.progress(0.0, "loading tables")
-    built, names = _load_tables(ctx)
-    data = built.data
-    ids = data.covariate_ids.tolist()
-    wanted = ids if params.exposures is None else params.exposures
-    unknown = sorted(set(wanted) - set(ids))
+@dataclass(frozen=True)
+class _AnalysesData:
+    """The tables built for the analyses: per column of ``built.data`` its covariateId, its outcomeId (None
+    for tables of one outcome) and its name."""
+
+    built: BuiltData
+    covariate: np.ndarray
+    outcome: np.ndarray | None
+    names: list[str | None]
+
+
+def _load_analyses_data(ctx: RunContext) -> _AnalysesData:
+    """Tables of one outcome as ``sccs_fit`` reads them; stacked tables (``outcomeId``) with one column per
+    exposure-outcome pair (``kernels/sccs/outcomes.py``)."""
+    with ctx.stage("tables"):
+        outcomes_frame, covariates_frame = ctx.dataset("outcomes_dataset_id"), ctx.dataset("covariates_dataset_id")
+        owner = outcome_of_rows(outcomes_frame)
+        columns = table_columns(outcomes_frame, covariates_frame)
+        pairs = None if owner is None else pair_columns(columns, owner)
+        if pairs is not None:
+            columns = pairs.columns
+    if not is_numpy(ctx.xp):
+        with ctx.stage("to_device"):
+            columns = {name: transfer.to_device(ctx.xp, values) for name, values in columns.items()}
+    with ctx.stage("build"):
+        built = build_from_tables(**columns, xp=ctx.xp)
+    column_ids = np.asarray(to_host(built.data.covariate_ids), dtype=np.int64)
+    covariate = column_ids if pairs is None else pairs.covariate[column_ids]
+    outcome = None if pairs is None else pairs.outcome[column_ids]
+    return _AnalysesData(built, covariate, outcome, _names(ctx.optional_dataset("names_dataset_id"), covariate))
+
+
+def _analysis_columns(params: SccsAnalysesParams, tables: _AnalysesData) -> np.ndarray:
+    """The columns to analyse, in the result's order: the pairs as given, or by outcome and then exposure."""
+    covariate, outcome = tables.covariate.tolist(), tables.outcome
+    outcomes = [None] if outcome is None else sorted(set(outcome.tolist()))
+    if outcome is None and params.outcome_ids is not None:
+        raise ValueError("outcome_ids: the outcomes table has no outcomeId column (it holds one outcome)")
+    column_of = {(c, None if outcome is None else int(outcome[j])): j for j, c in enumerate(covariate)}
+    if params.pairs is not None:
+        chosen = []
+        for i, pair in enumerate(params.pairs):
+            if outcome is None and pair.outcome_id is not None:
+                raise ValueError(f"pairs.{i}.outcome_id: the outcomes table has no outcomeId column")
+            candidates = outcomes if pair.outcome_id is None else [pair.outcome_id]
+            found = [column_of[(pair.covariate_id, o)] for o in candidates if (pair.covariate_id, o) in column_of]
+            if not found:
+                where = "" if pair.outcome_id is None else f" with outcome {pair.outcome_id}"
+                raise ValueError(f"pairs.{i}: covariateId {pair.covariate_id} has no era{where} in the tables")
+            chosen.extend(found)
+        return np.asarray(chosen, dtype=np.int64)
+    if params.outcome_ids is not None:
+        unknown = sorted(set(params.outcome_ids) - set(outcomes))
+        if unknown:
+            raise ValueError(f"outcome_ids: {unknown[0]} is not an outcomeId of the outcomes table")
+        outcomes = sorted(params.outcome_ids)
+    wanted = list(dict.fromkeys(covariate)) if params.exposures is None else params.exposures
+    unknown = sorted(set(wanted) - set(covariate))
     if unknown:
         raise ValueError(f"exposures: covariateId {unknown[0]} is not a covariate of the tables "
                          f"(unknown: {unknown[:10]})")
-    columns = np.array([ids.index(covariate) for covariate in wanted], dtype=np.int64)
+    return np.asarray([column_of[(c, o)] for o in outcomes for c in wanted if (c, o) in column_of], dtype=np.int64)
+
+
+def run_analyses(params: SccsAnalysesParams, ctx: RunContext) -> SccsAnalysesResult:
+    """The ``sccs_analyses`` job: every exposure alone on each outcome's tables, one batch on the job's device
+    (kernels/sccs/analyses.py), then the MDRRs and, with controls, empirical calibration over all the pairs."""
+    ctx.progress(0.0, "loading tables")
+    tables = _load_analyses_data(ctx)
+    data = tables.built.data
+    columns = _analysis_columns(params, tables)
+    pair_covariate = tables.covariate[columns]
+    pair_outcome = [None] * columns.size if tables.outcome is None else tables.outcome[columns].tolist()
     ctx.progress(0.2, f"fitting {columns.size} analyses")
     with ctx.stage("analyses"):
         fits = single_covariate_fits(data, columns, params.level)
@@ -533,32 +675,46 @@ def run_analyses(params: SccsAnalysesParams, ctx: RunContext) -> SccsAnalysesRes
         mdrr = diag.minimum_detectable_relative_risk(share[columns], statistics.events[columns])
     z = float(stats.norm.ppf((1.0 + params.level) / 2.0))
     se = (fits.upper - fits.lower) / (2.0 * z)  # NaN for an open interval: not calibrated, not in the null
-    positives = {control.covariate_id: control.true_relative_risk for control in params.positive_controls}
-    rows = [_analysis_row(int(ids[column]), names[column], a, fits, statistics, int(column), mdrr[a], params,
-                          positives) for a, column in enumerate(columns.tolist())]
+    negative = np.array([any(pair.matches(int(c), o) for pair in params.negative_pairs())
+                         for c, o in zip(pair_covariate.tolist(), pair_outcome, strict=True)], dtype=bool)
+    positive_true = np.array([_positive_effect(params, int(c), o)
+                              for c, o in zip(pair_covariate.tolist(), pair_outcome, strict=True)])
+    rows = [_analysis_row(a, int(column), fits, statistics, mdrr[a], tables, bool(negative[a]), positive_true[a])
+            for a, column in enumerate(columns.tolist())]
     summary = None
     if params.negative_controls:
+        if int(negative.sum()) < 2:
+            raise ValueError(f"negative_controls: {int(negative.sum())} analysed pair(s) match them; the null needs "
+                             "at least 2")
         with ctx.stage("calibration"):
-            result = _calibration(np.where(np.isfinite(fits.estimate), fits.estimate, np.nan), se,
-                                  np.isin(wanted, params.negative_controls),
-                                  np.array([math.log(positives[c]) if c in positives else math.nan for c in wanted]),
-                                  params.level)
+            result = _calibration(np.where(np.isfinite(fits.estimate), fits.estimate, np.nan), se, negative,
+                                  np.log(positive_true), params.level)
         rows = [row.model_copy(update=update) for row, update in zip(rows, _calibrated_fields(result), strict=True)]
         summary = _calibration_summary(result, params.level)
     ctx.save_artifact("analyses", pd.DataFrame([row.model_dump() for row in rows]))
+    n_outcomes = None if tables.outcome is None else int(np.unique(tables.outcome).size)
     return SccsAnalysesResult(analyses=rows, calibration=summary, level=params.level, n_cases=data.n_cases,
-                              n_eras=data.n_eras, dropped_cases=built.dropped_cases)
+                              n_eras=data.n_eras, n_outcomes=n_outcomes, dropped_cases=tables.built.dropped_cases)
 
 
-def _analysis_row(covariate_id: int, name: str | None, a: int, fits: SingleFits,
-                  statistics: diag.ExposureStatistics, column: int, mdrr: float, params: SccsAnalysesParams,
-                  positives: dict[int, float]) -> AnalysisRow:
+def _positive_effect(params: SccsAnalysesParams, covariate_id: int, outcome_id: int | None) -> float:
+    """The known relative risk of a positive-control pair, NaN for any other pair."""
+    for control in params.positive_controls:
+        if control.covariate_id == covariate_id and control.outcome_id in (None, outcome_id):
+            return control.true_relative_risk
+    return math.nan
+
+
+def _analysis_row(a: int, column: int, fits: SingleFits, statistics: diag.ExposureStatistics, mdrr: float,
+                  tables: _AnalysesData, negative: bool, true_relative_risk: float) -> AnalysisRow:
     estimate = float(fits.estimate[a])
     lower, upper = _finite_or_none(float(fits.lower[a])), _finite_or_none(float(fits.upper[a]))
-    control = "negative" if covariate_id in params.negative_controls else (
-        "positive" if covariate_id in positives else None)
+    positive = not math.isnan(true_relative_risk)
     return AnalysisRow(
-        covariate_id=covariate_id, name=name, control=control, true_relative_risk=positives.get(covariate_id),
+        covariate_id=int(tables.covariate[column]),
+        outcome_id=None if tables.outcome is None else int(tables.outcome[column]),
+        name=tables.names[column], control="negative" if negative else ("positive" if positive else None),
+        true_relative_risk=true_relative_risk if positive else None,
         estimate=_finite_or_none(estimate),
         relative_incidence=0.0 if estimate == -math.inf else _finite_or_none(_relative_incidence(estimate)),
         ci_lower=lower, ci_upper=upper,
@@ -659,10 +815,12 @@ def _age_column(cases: pd.DataFrame) -> np.ndarray:
     return age
 
 
-def _save_tables(ctx: RunContext, tables: IntervalTables) -> None:
-    ctx.save_artifact("outcomes", pd.DataFrame({
-        "rowId": tables.row_id, "stratumId": tables.stratum_id, "time": tables.time, "y": tables.y.astype(np.int64),
-    }))
+def _save_tables(ctx: RunContext, tables: IntervalTables, outcome: np.ndarray | None = None) -> None:
+    outcomes = {"rowId": tables.row_id, "stratumId": tables.stratum_id, "time": tables.time,
+                "y": tables.y.astype(np.int64)}
+    if outcome is not None:
+        outcomes[OUTCOME_COLUMN] = outcome
+    ctx.save_artifact("outcomes", pd.DataFrame(outcomes))
     ctx.save_artifact("covariates", pd.DataFrame({
         "rowId": tables.cov_row_id, "covariateId": tables.cov_id, "covariateValue": tables.cov_value,
     }))
@@ -675,8 +833,82 @@ def _cases_with_events(tables: IntervalTables) -> int:
     return int(np.sum(events_per_case > 0))
 
 
+def _eras_of(params: SccsErasParams, inputs: study.PersonInputs) -> tuple[IntervalTables, study.StudyEras | None]:
+    """The tables of one outcome's events: the original one-window spec's exactly as before, or the study
+    design's (with what it reports)."""
+    if not _uses_study_design(params):
+        tables = eras_from_person_data(
+            inputs.case_id, inputs.observation_start, inputs.observation_end, inputs.event_case,
+            inputs.event_day, inputs.exposure_case, inputs.exposure_drug, inputs.exposure_start,
+            inputs.exposure_end, params.risk_window_start, params.risk_window_end, params.end_anchor,
+            params.start_anchor,
+        )
+        return tables, None
+    built = study.study_eras(inputs, _study_design(params))
+    return built.tables, built
+
+
+def _of_outcome(inputs: study.PersonInputs, events: np.ndarray) -> study.PersonInputs:
+    """The person-level inputs of one outcome: its events, and only the cases that have one (the others have
+    no likelihood contribution: SelfControlledCaseSeries' cases of an outcome are the people with its event)."""
+    cases = np.isin(inputs.case_id, inputs.event_case[events])
+    exposures = np.isin(inputs.exposure_case, inputs.case_id[cases])
+    age = inputs.age_at_observation_start
+    return study.PersonInputs(
+        inputs.case_id[cases], inputs.observation_start[cases], inputs.observation_end[cases],
+        inputs.event_case[events], inputs.event_day[events], inputs.exposure_case[exposures],
+        inputs.exposure_drug[exposures], inputs.exposure_start[exposures], inputs.exposure_end[exposures],
+        None if age is None else age[cases],
+    )
+
+
+def _stacked(parts: list[IntervalTables]) -> IntervalTables:
+    """Tables of several outcomes one after the other, rowIds renumbered to stay unique."""
+    offsets = np.cumsum([0] + [part.row_id.size for part in parts])
+    return IntervalTables(*(
+        np.concatenate([getattr(part, name) + (offset if name in ("row_id", "cov_row_id") else 0)
+                        for part, offset in zip(parts, offsets[:-1].tolist(), strict=True)])
+        for name in ("row_id", "stratum_id", "time", "y", "cov_row_id", "cov_id", "cov_value")
+    ))
+
+
+def _eras_by_outcome(params: SccsErasParams, inputs: study.PersonInputs, event_outcome: np.ndarray, ctx: RunContext,
+                     ) -> tuple[IntervalTables, np.ndarray, list[EraOutcome], study.StudyEras | None]:
+    """Each outcome's tables (one era build per outcome), stacked, with each row's outcomeId."""
+    parts, summaries, first_built = [], [], None
+    outcome_ids = np.unique(event_outcome)
+    for number, outcome_id in enumerate(outcome_ids.tolist()):
+        ctx.progress(number / outcome_ids.size, f"eras of outcome {outcome_id} ({number + 1}/{outcome_ids.size})")
+        events = event_outcome == outcome_id
+        tables, built = _eras_of(params, _of_outcome(inputs, events))
+        first_built = first_built or built
+        inside = built.events_inside if built is not None else _events_inside(
+            inputs.case_id, inputs.observation_start, inputs.observation_end, inputs.event_case[events],
+            inputs.event_day[events])
+        parts.append(tables)
+        summaries.append(EraOutcome(
+            outcome_id=outcome_id, n_cases_with_events=_cases_with_events(tables), n_eras=int(tables.row_id.size),
+            events_in_observation=inside, events_outside_observation=int(events.sum() - inside),
+            cases_removed=None if built is None else built.cases_removed,
+            knots=None if built is None else (built.knots or None),
+        ))
+    stacked = _stacked(parts)
+    outcome = np.repeat(outcome_ids, [part.row_id.size for part in parts])
+    return stacked, outcome, summaries, first_built
+
+
+def _event_outcome(events: pd.DataFrame) -> np.ndarray | None:
+    if OUTCOME_COLUMN not in events.columns:
+        return None
+    outcome = _column(events, "events", OUTCOME_COLUMN, integer=True)
+    if outcome.size == 0:
+        raise ValueError(f"events table has no rows (its {OUTCOME_COLUMN} column names no outcome)")
+    return outcome
+
+
 def run_eras(params: SccsErasParams, ctx: RunContext) -> SccsErasResult:
-    """The ``sccs_eras`` job: the Cyclops tables of person-level data, saved as artifacts, and their counts."""
+    """The ``sccs_eras`` job: the Cyclops tables of person-level data, saved as artifacts, and their counts;
+    with ``outcomeId`` in the events, one era build per outcome, stacked."""
     ctx.progress(0.0, "building eras")
     cases, events, exposures = (ctx.dataset("cases_dataset_id"), ctx.dataset("events_dataset_id"),
                                 ctx.dataset("exposures_dataset_id"))
@@ -686,6 +918,7 @@ def run_eras(params: SccsErasParams, ctx: RunContext) -> SccsErasResult:
         case_id = _column(cases, "cases", "caseId", integer=True)
         event_case = _column(events, "events", "caseId", integer=True)
         event_day = _day_column(events, "events", "day")
+        event_outcome = _event_outcome(events)
         inputs = study.PersonInputs(
             case_id, obs_start, obs_end, event_case, event_day,
             _column(exposures, "exposures", "caseId", integer=True),
@@ -693,44 +926,33 @@ def run_eras(params: SccsErasParams, ctx: RunContext) -> SccsErasResult:
             _day_column(exposures, "exposures", "start"), _day_column(exposures, "exposures", "end"),
             _age_column(cases) if params.needs_age() else None,
         )
-        if not _uses_study_design(params):  # the original one-window spec: its tables exactly as before
-            tables = eras_from_person_data(
-                inputs.case_id, inputs.observation_start, inputs.observation_end, inputs.event_case,
-                inputs.event_day, inputs.exposure_case, inputs.exposure_drug, inputs.exposure_start,
-                inputs.exposure_end, params.risk_window_start, params.risk_window_end, params.end_anchor,
-                params.start_anchor,
-            )
-            built = None
+        outcome, summaries = None, None
+        if event_outcome is None:
+            tables, built = _eras_of(params, inputs)
         else:
-            built = study.study_eras(inputs, _study_design(params))
-            tables = built.tables
-    _save_tables(ctx, tables)
-    if built is None:
+            tables, outcome, summaries, built = _eras_by_outcome(params, inputs, event_outcome, ctx)
+    _save_tables(ctx, tables, outcome)
+    counts = {"n_cases": int(case_id.size), "n_cases_with_events": _cases_with_events(tables) if summaries is None
+              else sum(part.n_cases_with_events for part in summaries),
+              "n_eras": int(tables.row_id.size), "n_covariate_rows": int(tables.cov_row_id.size), "outcomes": summaries}
+    if summaries is not None:
+        inside = sum(part.events_in_observation for part in summaries)
+    elif built is None:
         inside = _events_inside(case_id, obs_start, obs_end, event_case, event_day)
-        return SccsErasResult(
-            n_cases=int(case_id.size),
-            n_cases_with_events=_cases_with_events(tables),
-            n_eras=int(tables.row_id.size),
-            n_covariate_rows=int(tables.cov_row_id.size),
-            n_drugs=int(np.unique(tables.cov_id).size),
-            events_in_observation=inside,
-            events_outside_observation=int(event_case.size - inside),
-        )
+    else:
+        inside = built.events_inside
+    counts |= {"events_in_observation": inside, "events_outside_observation": int(event_case.size - inside)}
+    if built is None:
+        return SccsErasResult(n_drugs=int(np.unique(tables.cov_id).size), **counts)
     ctx.save_artifact("names", pd.DataFrame({"covariateId": [c.covariate_id for c in built.covariates],
                                              "covariateName": [c.name for c in built.covariates]}))
     window_ids = [c.covariate_id for c in built.covariates if c.source in ("exposure_window", "drug")]
+    removed = built.cases_removed if summaries is None else sum(part.cases_removed or 0 for part in summaries)
     return SccsErasResult(
-        n_cases=int(case_id.size),
-        n_cases_with_events=_cases_with_events(tables),
-        n_eras=int(tables.row_id.size),
-        n_covariate_rows=int(tables.cov_row_id.size),
         n_drugs=int(np.isin(np.unique(tables.cov_id), window_ids).sum()),
-        events_in_observation=built.events_inside,
-        events_outside_observation=int(event_case.size - built.events_inside),
         covariates=[EraCovariate(covariate_id=c.covariate_id, name=c.name, source=c.source)
                     for c in built.covariates],
-        cases_removed=built.cases_removed,
-        knots=built.knots or None,
+        cases_removed=removed, knots=(built.knots or None) if summaries is None else None, **counts,
     )
 
 

@@ -14,7 +14,9 @@ Priors on the penalised coefficients (``exclude`` ones are flat), with variance 
   log p = log(lambda / 2) - lambda |b|;
 * none: the conditional Poisson MLE.
 
-All functions work on NumPy or CuPy arrays (the namespace of ``data``). See ``docs/sccs.md``.
+All functions work on NumPy or CuPy arrays (the namespace of ``data``). On CuPy every float sum (case sums,
+``X b``, ``X' r``, the total) runs in a fixed order (:mod:`kernels.sccs.fixed_sums`: the same bits on every run);
+on NumPy in NumPy's own order (the reference). See ``docs/sccs.md``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from kernels.backend import is_numpy
+from kernels.sccs import fixed_sums
 from kernels.sccs.data import SccsData
 
 PRIOR_KINDS = ("normal", "laplace", "none")
@@ -63,6 +67,8 @@ def linear_predictor(data: SccsData, beta: Any) -> Any:
     beta = xp.asarray(beta, dtype=xp.float64)
     if data.nnz == 0:
         return xp.zeros(data.n_eras, dtype=xp.float64)
+    if not is_numpy(xp):
+        return fixed_sums.linear_predictor(data, beta)
     return design_matrix(data) @ beta
 
 
@@ -84,21 +90,29 @@ def case_max(data: SccsData, values: Any) -> Any:
     return top
 
 
+def case_sums(data: SccsData, values: Any) -> Any:
+    """Per case, the sum of ``values`` (K,) over its eras (N,) float64; on the GPU in a fixed order."""
+    if not is_numpy(data.xp):
+        return fixed_sums.case_sums(data, values)
+    return np.bincount(data.era_case, weights=values, minlength=data.n_cases)
+
+
 def _case_terms(data: SccsData, eta: Any) -> tuple[Any, Any, Any, Any]:
     """``log L``, the per-case shift ``m_i``, ``L exp(eta - m)`` per era and its per-case sums ``S_i e^-m_i``."""
     xp = data.xp
     log_l = xp.log(data.era_length)
     shift = case_max(data, eta + log_l)
     scaled = xp.exp(eta + log_l - shift[data.era_case])
-    sums = xp.bincount(data.era_case, weights=scaled, minlength=data.n_cases)
+    sums = case_sums(data, scaled)
     return log_l, shift, scaled, sums
 
 
 def _log_likelihood(data: SccsData, eta: Any, weights: Any, log_l: Any, shift: Any, sums: Any) -> float:
     xp = data.xp
     log_s = xp.log(sums) + shift
-    numerator = xp.bincount(data.era_case, weights=data.era_events * (eta + log_l), minlength=data.n_cases)
-    return float(xp.sum(weights * (numerator - data.case_events * log_s)))
+    numerator = case_sums(data, data.era_events * (eta + log_l))
+    terms = weights * (numerator - data.case_events * log_s)
+    return float(np.sum(terms)) if is_numpy(xp) else fixed_sums.total(terms)
 
 
 def _gradient(data: SccsData, weights: Any, scaled: Any, sums: Any) -> Any:
@@ -108,6 +122,8 @@ def _gradient(data: SccsData, weights: Any, scaled: Any, sums: Any) -> Any:
     residual = weights[data.era_case] * (
         data.era_events - data.case_events[data.era_case] * scaled / sums[data.era_case]
     )
+    if not is_numpy(xp):
+        return fixed_sums.transposed_product(data, residual)
     return design_matrix(data).T @ residual
 
 

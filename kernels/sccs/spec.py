@@ -24,6 +24,7 @@ FIT_COLUMNS = {
     "cases_dataset_id": ("caseId", "observationStart", "observationEnd"),
     "events_dataset_id": ("caseId", "day"),
 }
+OUTCOME_COLUMN = "outcomeId"  # stacked tables of several outcomes (kernels/sccs/outcomes.py)
 AGE_COLUMN = "ageAtObsStart"  # days of age at observationStart, as SelfControlledCaseSeries' cases table
 ERAS_COLUMNS = {
     "cases_dataset_id": ("caseId", "observationStart", "observationEnd"),
@@ -166,7 +167,12 @@ class DiagnosticsSpec(_Section):
 
 class SccsParams(JobParams):
     outcomes_dataset_id: str = Field(
-        min_length=1, max_length=100, description="table rowId, stratumId (case), time (days), y (events)"
+        min_length=1, max_length=100, description="table rowId, stratumId (case), time (days), y (events); "
+        "optionally outcomeId (several outcomes' eras stacked, as sccs_eras writes them: choose one by outcome_id)"
+    )
+    outcome_id: int | None = Field(
+        default=None, ge=-(2**63), le=2**63 - 1,
+        description="the outcome to fit of stacked tables (outcomeId); needed when they hold several",
     )
     covariates_dataset_id: str = Field(
         min_length=1, max_length=100, description="table rowId, covariateId, covariateValue (optional, default 1)"
@@ -208,6 +214,13 @@ class SccsParams(JobParams):
     precision: Literal["float64", "float32"] = Field(
         default="float64", description="dtype of the per-era state (reductions accumulate in float64)"
     )
+    precondition: Literal["none", "splines"] = Field(
+        default="none",
+        description="splines: CV, the final fit and the bootstrap run in whitened coordinates of the dense "
+        "unpenalised columns (age, season and calendar-time splines): the same likelihood and posterior, a few CCD "
+        "cycles per fit instead of tens; every number is reported in the original coordinates (docs/sccs.md). "
+        "none: the original coordinates throughout (as jobs stored before this option ran)",
+    )
 
     @model_validator(mode="after")
     def _calibration_needs_profiled_controls(self) -> SccsParams:
@@ -232,7 +245,11 @@ class SccsParams(JobParams):
         return self
 
     def dataset_column_problems(self, columns: Mapping[str, Collection[str]]) -> list[tuple[str, str]]:
-        return missing_columns(FIT_COLUMNS, columns)
+        problems = missing_columns(FIT_COLUMNS, columns)
+        if self.outcome_id is not None and OUTCOME_COLUMN not in columns.get("outcomes_dataset_id", (OUTCOME_COLUMN,)):
+            problems.append(("outcomes_dataset_id", f"outcome_id needs an {OUTCOME_COLUMN} column in the outcomes "
+                             "table (it holds one outcome)"))
+        return problems
 
 
 class Coefficient(ResultPart):
@@ -546,12 +563,34 @@ class CalendarTimeSplineSpec(_Section):
         return int(text[:4]) * 12 + int(text[5:7]) - 1
 
 
+class AnalysisPair(_Section):
+    """One exposure-outcome pair of stacked tables (``outcomeId``); without ``outcome_id``: the exposure with
+    every outcome (or the one outcome of tables without ``outcomeId``)."""
+
+    covariate_id: int = Field(ge=-(2**63), le=2**63 - 1)
+    outcome_id: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+
+    def matches(self, covariate_id: int, outcome_id: int | None) -> bool:
+        return self.covariate_id == covariate_id and (self.outcome_id is None or self.outcome_id == outcome_id)
+
+    def key(self) -> tuple[int, int | None]:
+        return self.covariate_id, self.outcome_id
+
+
+class AnalysesPositiveControl(PositiveControl):
+    outcome_id: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1,
+                                   description="the outcome of the pair (stacked tables); null: every outcome")
+
+
 class SccsAnalysesParams(JobParams):
-    """Many single-exposure analyses of one outcome's interval tables (one era build), fitted as one batch, with
-    empirical calibration from the negative (and positive) controls among them (``kernels/sccs/analyses.py``)."""
+    """Many single-exposure analyses of one or several outcomes' interval tables (one era build per outcome),
+    fitted as one batch, with empirical calibration from the negative (and positive) controls among them
+    (``kernels/sccs/analyses.py``; several outcomes: ``kernels/sccs/outcomes.py``)."""
 
     outcomes_dataset_id: str = Field(
-        min_length=1, max_length=100, description="table rowId, stratumId (case), time (days), y (events)"
+        min_length=1, max_length=100, description="table rowId, stratumId (case), time (days), y (events), and "
+        "optionally outcomeId: the eras of several outcomes stacked (as sccs_eras writes them), a stratum being "
+        "(outcomeId, stratumId)",
     )
     covariates_dataset_id: str = Field(
         min_length=1, max_length=100, description="table rowId, covariateId, covariateValue (optional, default 1)"
@@ -561,33 +600,54 @@ class SccsAnalysesParams(JobParams):
     )
     exposures: list[int] | None = Field(
         default=None, min_length=1, max_length=100_000,
-        description="covariateIds to analyse, each alone (default: every covariate of the tables)",
+        description="covariateIds to analyse, each alone, against every outcome (default: every covariate of the "
+        "tables); with outcomeId, only the pairs the tables hold",
     )
-    negative_controls: list[int] = Field(
-        default_factory=list, max_length=100_000,
-        description="analysed covariateIds known to have no effect: with at least 2, every analysis is calibrated",
+    outcome_ids: list[int] | None = Field(
+        default=None, min_length=1, max_length=10_000,
+        description="outcomeIds to analyse (default: every outcome of the tables); needs outcomeId in the tables",
     )
-    positive_controls: list[PositiveControl] = Field(
+    pairs: list[AnalysisPair] | None = Field(
+        default=None, min_length=1, max_length=100_000,
+        description="the exposure-outcome pairs to analyse, instead of exposures x outcome_ids",
+    )
+    negative_controls: list[int | AnalysisPair] = Field(
         default_factory=list, max_length=100_000,
-        description="analysed covariateIds of known effect (fitSystematicErrorModel); needs negative controls",
+        description="analysed pairs known to have no effect: a covariateId (with every outcome) or "
+        "{covariate_id, outcome_id}; with at least 2 analyses among them, every analysis is calibrated",
+    )
+    positive_controls: list[AnalysesPositiveControl] = Field(
+        default_factory=list, max_length=100_000,
+        description="analysed pairs of known effect (fitSystematicErrorModel); needs negative controls",
     )
     level: float = Field(default=0.95, gt=0.5, lt=1.0, description="level of the likelihood-ratio intervals")
 
+    def negative_pairs(self) -> list[AnalysisPair]:
+        return [item if isinstance(item, AnalysisPair) else AnalysisPair(covariate_id=item)
+                for item in self.negative_controls]
+
     @model_validator(mode="after")
     def _controls_are_analysed(self) -> SccsAnalysesParams:
-        positives = [control.covariate_id for control in self.positive_controls]
-        for name, ids in (("negative_controls", self.negative_controls), ("positive_controls", positives)):
-            if len(set(ids)) != len(ids):
-                raise ValueError(f"{name} lists a covariateId twice")
+        if self.pairs is not None and (self.exposures is not None or self.outcome_ids is not None):
+            raise ValueError("pairs: give the pairs, or exposures and outcome_ids, not both")
+        negatives = [pair.key() for pair in self.negative_pairs()]
+        positives = [(control.covariate_id, control.outcome_id) for control in self.positive_controls]
+        for name, keys in (("negative_controls", negatives), ("positive_controls", positives)):
+            if len(set(keys)) != len(keys):
+                raise ValueError(f"{name} lists a pair twice")
             if self.exposures is not None:
-                missing = sorted(set(ids) - set(self.exposures))
+                missing = sorted({covariate for covariate, _ in keys} - set(self.exposures))
                 if missing:
                     raise ValueError(f"{name}: covariateId {missing[0]} is not among the exposures")
         if self.exposures is not None and len(set(self.exposures)) != len(self.exposures):
             raise ValueError("exposures lists a covariateId twice")
-        both = sorted(set(self.negative_controls) & set(positives))
+        if self.outcome_ids is not None and len(set(self.outcome_ids)) != len(self.outcome_ids):
+            raise ValueError("outcome_ids lists an outcomeId twice")
+        if self.pairs is not None and len({pair.key() for pair in self.pairs}) != len(self.pairs):
+            raise ValueError("pairs lists a pair twice")
+        both = sorted(set(negatives) & set(positives), key=str)
         if both:
-            raise ValueError(f"covariateId {both[0]} is both a negative and a positive control")
+            raise ValueError(f"covariateId {both[0][0]} is both a negative and a positive control")
         if len(self.negative_controls) == 1:
             raise ValueError("negative_controls: the null needs at least 2 (or none: no calibration)")
         if positives and not self.negative_controls:
@@ -597,11 +657,20 @@ class SccsAnalysesParams(JobParams):
         return self
 
     def dataset_column_problems(self, columns: Mapping[str, Collection[str]]) -> list[tuple[str, str]]:
-        return missing_columns(FIT_COLUMNS, columns)
+        problems = missing_columns(FIT_COLUMNS, columns)
+        wants_outcomes = self.outcome_ids is not None or any(
+            item.outcome_id is not None for item in [*(self.pairs or []), *self.negative_pairs(),
+                                                     *self.positive_controls])
+        if wants_outcomes and OUTCOME_COLUMN not in columns.get("outcomes_dataset_id", (OUTCOME_COLUMN,)):
+            problems.append(("outcomes_dataset_id", f"outcome_ids and outcome_id need an {OUTCOME_COLUMN} column in "
+                             "the outcomes table (it holds one outcome)"))
+        return problems
 
 
 class AnalysisRow(ResultPart):
     covariate_id: int
+    outcome_id: int | None = Field(default=None, description="the pair's outcome (null: tables of one outcome "
+                                   "without outcomeId)")
     name: str | None
     control: Literal["negative", "positive"] | None = Field(description="a control of the calibration, or not")
     true_relative_risk: float | None = Field(description="a positive control's known effect")
@@ -629,11 +698,13 @@ class AnalysisRow(ResultPart):
 
 class SccsAnalysesResult(ResultModel):
     kind: Literal["sccs_analyses"] = "sccs_analyses"
-    analyses: list[AnalysisRow] = Field(description="one per exposure, in the order of exposures (or of covariates)")
+    analyses: list[AnalysisRow] = Field(description="one per exposure-outcome pair: in the order of pairs, or by "
+                                        "outcome and then in the order of exposures (or of covariates)")
     calibration: CalibrationSummary | None = Field(description="the null and error model (null: no controls)")
     level: float
-    n_cases: int
+    n_cases: int = Field(description="strata with events: (outcome, case) with outcomeId")
     n_eras: int
+    n_outcomes: int | None = Field(default=None, description="outcomes of the stacked tables (null: no outcomeId)")
     dropped_cases: int = Field(description="cases without events (no likelihood contribution), dropped")
 
 
@@ -643,7 +714,8 @@ class SccsErasParams(JobParams):
     cases_dataset_id: str = Field(
         min_length=1, max_length=100, description="table caseId, observationStart, observationEnd (days or dates)"
     )
-    events_dataset_id: str = Field(min_length=1, max_length=100, description="table caseId, day (one row per event)")
+    events_dataset_id: str = Field(min_length=1, max_length=100, description="table caseId, day (one row per event), "
+                                   "optionally outcomeId: the eras of each outcome, stacked")
     exposures_dataset_id: str = Field(
         min_length=1, max_length=100, description="table caseId, drugId, start, end (inclusive days or dates)"
     )
@@ -725,8 +797,24 @@ class EraCovariate(ResultPart):
     source: Literal["exposure_window", "drug", "age", "season", "calendar_time"]
 
 
+class EraOutcome(ResultPart):
+    outcome_id: int
+    n_cases_with_events: int = Field(description="cases with an event of this outcome in observation (strata)")
+    n_eras: int
+    events_in_observation: int
+    events_outside_observation: int
+    cases_removed: int | None = Field(default=None, description="of the cases with this outcome, removed by "
+                                      "study_population")
+    knots: dict[str, list[float]] | None = Field(default=None, description="this outcome's knots (age knots "
+                                                 "follow its events' ages)")
+
+
 class SccsErasResult(ResultModel):
     kind: Literal["sccs_eras"] = "sccs_eras"
+    outcomes: list[EraOutcome] | None = Field(
+        default=None, description="per outcome, when the events table has outcomeId: the tables then stack every "
+        "outcome's eras (the outcomes artifact has outcomeId; a stratum is (outcomeId, stratumId))",
+    )
     n_cases: int
     n_cases_with_events: int = Field(description="cases that sccs_fit will keep")
     n_eras: int = Field(description="rows of the outcomes table (one per case and distinct drug set)")

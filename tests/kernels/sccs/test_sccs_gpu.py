@@ -202,7 +202,7 @@ def test_gpu_bootstrap_progress_is_per_cycle_and_monotone() -> None:
 def test_capacity_estimate_covers_the_measured_memory_per_replicate(precision: str) -> None:
     import cupy
 
-    from kernels.sccs import gpu
+    from kernels.sccs import fixed_sums, gpu
 
     seed, data = _fresh(n_cases=20_000, n_drugs=40)
     device_data = data.to(cupy)
@@ -222,6 +222,7 @@ def test_capacity_estimate_covers_the_measured_memory_per_replicate(precision: s
         pool.free_all_blocks()
         return grown
 
+    fixed_sums.prepare(device_data)  # the data set's index (built once, by the first engine): not per replicate
     measured = (pool_growth(10) - pool_growth(2)) / 8
     estimate = gpu.bytes_per_replicate(device_data, precision)
     assert 0 < measured <= estimate, f"measured {measured:.0f} B per replicate, estimated {estimate} B"

@@ -43,12 +43,19 @@ class Settings(BaseSettings):
     # issue 19: one job fanned out over the workers of its queue as a Celery chord (worker/fanout.py)
     fanout_chunks: int = Field(
         0, ge=0, le=1024,
-        description="Chunks a splittable job (crve_montecarlo) is fanned out into, for the workers of its queue; "
+        description="Chunks a splittable job (crve_montecarlo; sccs_fit's CV or bootstrap) is fanned out into, for "
+        "the workers of its queue; "
         "0 or 1: every job runs whole on one worker (`gpuest serve --gpus/--workers N` sets N)",
     )
     fanout_min_blocks: int = Field(
         4, ge=2, description="Fan out only a job of at least this many blocks of replications (a block is the "
-        "unit its single run sums; smaller jobs run whole)",
+        "unit its single run sums; for sccs_fit: variances of the CV grid, or bootstrap replicates / 10; smaller "
+        "jobs run whole)",
+    )
+    fanout_min_bootstrap_weights: float = Field(
+        3e10, ge=0, description="Fan out a crve_bootstrap job only when it draws at least this many bootstrap "
+        "weights (bootstrap clusters x B; about 0.1 ns each on an H100): its draws must outweigh the set-up each "
+        "part repeats (docs/scaling.md)",
     )
     result_backend_url: str | None = Field(
         None, description="Celery result backend the chords of fanned-out jobs count their parts in; default: "

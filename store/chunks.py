@@ -257,6 +257,25 @@ def cancel_open_chunks(session: Session, job_id: str) -> int:
     ).rowcount
 
 
+def hand_to_finish(session: Session, job_id: str, *, worker: str, chunks: int) -> bool:
+    """A fanned-out job whose chunks all succeeded goes back to its queue (running -> queued), for a worker to
+    finish it from their outputs as a job (a kind whose finish needs the tables and the device: SCCS). The
+    attempt is given back (the finishing run's claim counts it again), the row says a message is being sent
+    now. False when another party came first or its cancel was requested (the caller then ends it cancelled)."""
+    updated = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker,
+               Job.cancel_requested.is_(False))
+        .values(status=JobStatus.QUEUED, worker=None, attempts=Job.attempts - 1, stage=f"finishing {chunks} chunks",
+                enqueued_at=utcnow())
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if updated == 1:
+        add_event(session, job_id, EventType.STAGE, f"its {chunks} chunks succeeded: queued to be finished",
+                  data={"chunks": chunks})
+    return updated == 1
+
+
 def delete_chunks(session: Session, job_ids: Sequence[str]) -> None:
     """A deleted job's chunks (SQLite does not enforce the foreign key's cascade)."""
     session.execute(delete(JobChunk).where(JobChunk.job_id.in_(list(job_ids))).execution_options(

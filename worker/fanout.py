@@ -1,12 +1,20 @@
 """One job fanned out over the workers of its queue as a Celery chord (issue 19).
 
-A job of a kind that splits by replications (``crve_montecarlo``: :data:`SPLITS`) and is large enough
-(``GPUEST_FANOUT_CHUNKS`` >= 2, at least ``GPUEST_FANOUT_MIN_BLOCKS`` blocks) is fanned out by the worker that
-claimed it: that worker computes the lead (block 0, which fixes the centre of the sums), records the chunks
-(``store/chunks.py``: a row each, with attempts and heartbeat like a job) and sends a **chord**, a group of one
-``gpuest.run_chunk`` task per chunk whose task id is the chunk's id, and ``gpuest.reduce_chunks`` as its
-callback. Any worker of the queue runs the chunks; the callback reduces the chunks' partials in chunk order
-into the job's result, which is the single run's bit for bit (``kernels/crve/montecarlo_chunks.py``).
+A job of a kind that splits by replications or folds (:data:`SPLITS`: ``crve_montecarlo``, ``sccs_fit``) and
+is large enough (``GPUEST_FANOUT_CHUNKS`` >= 2, at least ``GPUEST_FANOUT_MIN_BLOCKS`` blocks or batches) is
+fanned out by the worker that claimed it: that worker computes the lead (Monte Carlo's block 0, which fixes the
+centre of the sums; the SCCS bootstrap's final fit), records the chunks (``store/chunks.py``: a row each, with
+attempts and heartbeat like a job) and sends a **chord**, a group of one ``gpuest.run_chunk`` task per chunk
+whose task id is the chunk's id, and ``gpuest.reduce_chunks`` as its callback. Any worker of the queue runs the
+chunks (reading the job's datasets where the kind has any). The callback ends the job in one of two ways:
+
+* a split with a ``reduce`` (Monte Carlo): the chunks' partials reduced in chunk order are the job's result, the
+  single run's bit for bit (``kernels/crve/montecarlo_chunks.py``);
+* a split with a ``finish`` (SCCS, whose reduction is the rest of the run: the final fit, profiles,
+  diagnostics, artifacts, on the tables and the device): the job goes back to its queue, and the worker that
+  claims it runs the kind with the chunks' outputs in place of what they computed
+  (:func:`kind_to_run`, ``kernels/sccs/chunks.py``), as a job: heartbeat, progress, cancel, warm shutdown and
+  reaper as for any job.
 
 The database stays the truth, as for jobs: a chunk is claimed by a conditional UPDATE, its heartbeat is
 watched by the reapers, and a chunk whose worker died is re-queued alone and sent again **with its own task
@@ -18,6 +26,7 @@ stale limit. A failed chunk fails the job at once; a cancel stops every chunk at
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import traceback
@@ -35,13 +44,15 @@ from core.settings import get_settings
 from core.status import TERMINAL_STATUSES, JobPriority, JobStatus
 from kernels.backend import GPUUnavailableError, device_label
 from kernels.context import RunContext, namespace_for
+from kernels.crve import bootstrap_chunks, montecarlo_chunks
 from kernels.crve import montecarlo as mc
-from kernels.crve import montecarlo_chunks
 from kernels.progress import JobCancelled
 from kernels.registry import JobKind, get_kind
+from kernels.sccs import chunks as sccs_chunks
 from kernels.spec import JobParams, ResultModel
 from store import chunks as chunk_store
 from store import jobs as job_store
+from store.datasets import get_dataset
 from store.db import session_scope
 from store.models import Job, JobChunk, utcnow
 from worker.device import worker_device
@@ -63,14 +74,17 @@ class Split:
 
     ``plan(params, xp, chunks, min_blocks)``: the chunk specs (JSON) without the lead's, or None when the job
     is too small to split; ``lead(params, ctx, specs)``: computes the lead and returns its spec and output
-    and the specs completed with what the lead fixed; ``run(params, ctx, spec)``: one chunk's output;
-    ``reduce(params, specs, outputs)``: the result from every chunk in order, the lead first."""
+    and the specs completed with what the lead fixed; ``run(params, ctx, spec)``: one chunk's output (its
+    context reads the job's datasets). Then one of: ``reduce(params, specs, outputs)``: the result from every
+    chunk in order, the lead first (in the chord's callback, on no device); ``finish(params, ctx, specs,
+    outputs)``: the same, run as a job on a worker (tables, device, artifacts)."""
 
     plan: Callable[[Any, ModuleType, int, int], list[dict[str, Any]] | None]
     lead: Callable[[Any, RunContext, list[dict[str, Any]]],
                    tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]]
     run: Callable[[Any, RunContext, dict[str, Any]], dict[str, Any]]
-    reduce: Callable[[Any, Sequence[dict[str, Any]], Sequence[dict[str, Any]]], ResultModel]
+    reduce: Callable[[Any, Sequence[dict[str, Any]], Sequence[dict[str, Any]]], ResultModel] | None = None
+    finish: Callable[[Any, RunContext, Sequence[dict[str, Any]], Sequence[dict[str, Any]]], ResultModel] | None = None
 
 
 def _montecarlo_plan(params: Any, xp: ModuleType, chunks: int, min_blocks: int) -> list[dict[str, Any]] | None:
@@ -114,8 +128,32 @@ def _montecarlo_reduce(params: Any, specs: Sequence[dict[str, Any]], outputs: Se
     return montecarlo_chunks.reduce(params, float.fromhex(specs[0]["shift"]), partials)
 
 
+def _sccs_plan(params: Any, xp: ModuleType, chunks: int, min_batches: int) -> list[dict[str, Any]] | None:
+    return sccs_chunks.plan(params, chunks, min_batches)
+
+
+def _crve_bootstrap_plan(params: Any, xp: ModuleType, chunks: int, min_blocks: int) -> list[dict[str, Any]] | None:
+    """The parts of a crve_bootstrap job: by its bootstrap weights (GPUEST_FANOUT_MIN_BOOTSTRAP_WEIGHTS), counted
+    from its dataset's stored rows where it has one."""
+    rows = None if params.dataset_id is None else _dataset_rows(params.dataset_id)
+    return bootstrap_chunks.plan(params, xp, rows, chunks, get_settings().fanout_min_bootstrap_weights)
+
+
+def _dataset_rows(dataset_id: str) -> int | None:
+    def read() -> int | None:
+        with session_scope() as session:
+            dataset = get_dataset(session, dataset_id)
+            return None if dataset is None else int(dataset.n_rows)
+
+    return retry_infrastructure(read, what="read a dataset", budget_seconds=get_settings().worker_retry_seconds)
+
+
 SPLITS: dict[str, Split] = {
     montecarlo_chunks.KIND: Split(_montecarlo_plan, _montecarlo_lead, _montecarlo_run, _montecarlo_reduce),
+    sccs_chunks.KIND: Split(_sccs_plan, sccs_chunks.lead, sccs_chunks.run, finish=sccs_chunks.finish),
+    bootstrap_chunks.KIND: Split(
+        _crve_bootstrap_plan, bootstrap_chunks.lead, bootstrap_chunks.run, finish=bootstrap_chunks.finish
+    ),
 }
 
 
@@ -203,6 +241,7 @@ class ClaimedChunk:
     index: int
     kind: JobKind
     params: dict[str, Any]
+    dataset_ids: dict[str, str]
     spec: dict[str, Any]
     xp: ModuleType
 
@@ -265,7 +304,8 @@ def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
     if claimed is None:
         return None
     log.info("chunk started", job_id=claimed.job_id, chunk=claimed.index, worker=worker)
-    ctx = RunContext(claimed.xp, ChunkProgress(chunk_id, worker), _no_datasets)
+    ctx = RunContext(claimed.xp, ChunkProgress(chunk_id, worker), _dataset_loader(claimed.dataset_ids),
+                     dataset_fields=tuple(claimed.dataset_ids))
     started = time.perf_counter()
     status, output, error = JobStatus.SUCCEEDED, None, None
     with ChunkHeartbeat(chunk_id, worker, settings.heartbeat_seconds):
@@ -314,8 +354,12 @@ def chunk_ended(chunk_id: str) -> bool:
         return False
 
 
-def _no_datasets(field: str) -> Any:
-    raise ValueError(f"{field}: a chunk of a fanned-out job reads no dataset")
+def _dataset_loader(dataset_ids: dict[str, str]) -> Any:
+    """The job's datasets, loaded when the chunk asks (the worker's own loader: worker.tasks imports this module,
+    so it is imported here on use)."""
+    from worker.tasks import dataset_loader
+
+    return dataset_loader(dataset_ids)
 
 
 def _claim_chunk(chunk_id: str, worker: str) -> ClaimedChunk | None:
@@ -334,7 +378,8 @@ def _claim_chunk(chunk_id: str, worker: str) -> ClaimedChunk | None:
             return None  # this worker cannot compute it (refused at start anyway): left for another
         if not chunk_store.claim_chunk(session, chunk_id, worker=worker, device=worker_device(xp)):
             return None
-        return ClaimedChunk(job.id, chunk.chunk_index, kind, dict(job.params), dict(chunk.spec), xp)
+        return ClaimedChunk(job.id, chunk.chunk_index, kind, dict(job.params), dict(job.dataset_ids or {}),
+                            dict(chunk.spec), xp)
 
 
 def _chunk_error(claimed: ClaimedChunk, exc: Exception) -> dict[str, Any]:
@@ -379,8 +424,11 @@ def _resend_queued(chunk_id: str) -> None:
 def settle(job_id: str) -> JobStatus | None:
     """End a fanned-out job whose chunks allow it (the chord's callback, a failed chunk, or a reaper): failed
     as soon as one chunk failed, else once every chunk ended: succeeded with the reduction of the chunks'
-    outputs in order, or cancelled. One conditional UPDATE, so callers racing have one winner; returns the
-    status it set, or None."""
+    outputs in order (or ``queued`` for a worker to finish it, for a split with a finish), or cancelled. One
+    conditional UPDATE, so callers racing have one winner; returns the status it set, or None."""
+    handed = _hand_to_finish(job_id)
+    if handed is not None:
+        return handed
     with session_scope() as session:
         job = session.get(Job, job_id)
         if job is None or job.status != JobStatus.RUNNING or not (job.worker or "").startswith(
@@ -396,7 +444,11 @@ def settle(job_id: str) -> JobStatus | None:
         if failed:
             status, error = JobStatus.FAILED, dict(failed[0].error or {})
         elif all(status == JobStatus.SUCCEEDED for status in statuses):
-            status, result, error = _reduced(job, chunks)
+            split = SPLITS.get(job.kind)
+            if split is not None and split.finish is not None:
+                status = JobStatus.CANCELLED  # not handed over to be finished: its cancel was requested
+            else:
+                status, result, error = _reduced(job, chunks)
         else:
             status = JobStatus.CANCELLED
         run_seconds = _seconds(job.started_at, utcnow()) or 0.0
@@ -409,6 +461,79 @@ def settle(job_id: str) -> JobStatus | None:
     log.info("job finished", job_id=job_id, status=status, chunks=len(chunks), run_seconds=round(run_seconds, 3))
     _release_chord(unfinished)
     return status
+
+
+def _hand_to_finish(job_id: str) -> JobStatus | None:
+    """A job of a split with a finish whose chunks all succeeded goes back to its queue, and its message is sent:
+    ``queued``; None when that is not the case (or another party came first, or its cancel was requested: then
+    :func:`settle` ends it as it ends the others)."""
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.status != JobStatus.RUNNING or not (job.worker or "").startswith(
+                chunk_store.FANOUT_WORKER_PREFIX):
+            return None
+        split = SPLITS.get(job.kind)
+        if split is None or split.finish is None:
+            return None
+        chunks = chunk_store.chunks_of(session, job_id)
+        if not chunks or any(chunk.status != JobStatus.SUCCEEDED for chunk in chunks):
+            return None
+        if not chunk_store.hand_to_finish(session, job_id, worker=job.worker or "", chunks=len(chunks)):
+            return None
+        queue, priority = job.queue or get_settings().queue, job_store.priority_of(session, job_id)
+    log.info("fanned-out job's chunks succeeded; queued to be finished", job_id=job_id, chunks=len(chunks))
+    try:
+        core.queue.send(job_id, queue=queue, priority=priority)
+    except Exception as exc:  # the row says it is queued and when it was sent: a reaper sends it again
+        log.error("could not send a fanned-out job to be finished", job_id=job_id, error=describe(exc))
+    return JobStatus.QUEUED
+
+
+def kind_to_run(job_id: str, kind: JobKind) -> tuple[JobKind, bool]:
+    """The kind to run a claimed job with, and whether it may fan out. A job whose chunks all succeeded (sent
+    back by :func:`_hand_to_finish`) runs its split's finish with their outputs, their stage seconds added to
+    its own; any other job that has chunks runs whole (the same result by construction) without fanning out
+    again; a job without chunks runs as it is."""
+    split = SPLITS.get(kind.name)
+    if split is None:
+        return kind, True
+
+    def read() -> list[JobChunk]:
+        with session_scope() as session:
+            rows = chunk_store.chunks_of(session, job_id)
+            for row in rows:
+                session.expunge(row)
+            return rows
+
+    chunks = retry_infrastructure(read, what="read a job's chunks", budget_seconds=get_settings().worker_retry_seconds,
+                                  job_id=job_id)
+    if not chunks:
+        return kind, True
+    finish = split.finish
+    if finish is None or any(chunk.status != JobStatus.SUCCEEDED for chunk in chunks):
+        return kind, False
+    specs = [dict(chunk.spec) for chunk in chunks]
+    outputs = [dict(chunk.output or {}) for chunk in chunks]
+    stages = _stage_seconds(chunks)
+
+    def run_finish(params: Any, ctx: RunContext) -> ResultModel:
+        result = finish(params, ctx, specs, outputs)
+        for stage, seconds in stages.items():  # the chunks' work is the job's: its timings count it
+            if stage != "total":  # the timer adds up its own
+                ctx.timer.seconds[stage] = ctx.timer.seconds.get(stage, 0.0) + seconds
+        return result
+
+    return dataclasses.replace(kind, run=run_finish), False
+
+
+def _stage_seconds(chunks: Sequence[JobChunk]) -> dict[str, float]:
+    """The chunks' stage seconds summed per stage (their "run" aside)."""
+    stages: dict[str, float] = {}
+    for chunk in chunks:
+        for stage, seconds in (chunk.timings or {}).items():
+            if stage != "run" and isinstance(seconds, int | float):
+                stages[stage] = stages.get(stage, 0.0) + float(seconds)
+    return stages
 
 
 def _release_chord(chunk_ids: Sequence[str]) -> None:
@@ -447,12 +572,11 @@ def _reduce(job: Job, chunks: Sequence[JobChunk]) -> dict[str, Any]:
     the stage timings summed over the chunks stamped as :func:`kernels.context.run_kind` would."""
     kind = get_kind(job.kind)
     spec: JobParams = kind.params_model.model_validate(job.params)
-    result = SPLITS[kind.name].reduce(spec, [chunk.spec for chunk in chunks], [chunk.output or {} for chunk in chunks])
-    stages: dict[str, float] = {}
-    for chunk in chunks:
-        for stage, seconds in (chunk.timings or {}).items():
-            if stage != "run" and isinstance(seconds, int | float):
-                stages[stage] = stages.get(stage, 0.0) + float(seconds)
+    reduce = SPLITS[kind.name].reduce
+    if reduce is None:
+        raise TypeError(f"{kind.name}: its split has no reduction (a worker finishes it)")
+    result = reduce(spec, [chunk.spec for chunk in chunks], [chunk.output or {} for chunk in chunks])
+    stages = _stage_seconds(chunks)
     devices = sorted({chunk.device for chunk in chunks if chunk.device})
     stamped = result.model_copy(update={"device": " + ".join(devices), "timings": stages})
     return json.loads(stamped.model_dump_json())

@@ -369,9 +369,11 @@ def _run(
         if over_cap is not None:
             return _failed(job_id, "cpu_work_cap", "CpuWorkCap", over_cap)
         ctx = RunContext(placement.xp, progress, dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids))
-        if fanout.try_fan_out(job_id, progress.worker, placement.kind, params, ctx, queue):
+        # A fanned-out job whose chunks succeeded comes back to be finished from their outputs.
+        kind, may_fan_out = fanout.kind_to_run(job_id, placement.kind)
+        if may_fan_out and fanout.try_fan_out(job_id, progress.worker, kind, params, ctx, queue):
             return Outcome(JobStatus.RUNNING)
-        return Outcome(JobStatus.SUCCEEDED, result=run_kind(placement.kind, params, ctx))
+        return Outcome(JobStatus.SUCCEEDED, result=run_kind(kind, params, ctx))
     except WorkerStopping:
         return Outcome(JobStatus.QUEUED)
     except JobCancelled:

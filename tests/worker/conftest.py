@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import core.queue
 from core.settings import get_settings
 from kernels.context import local_context, run_kind
 from kernels.registry import get_kind
@@ -92,6 +93,9 @@ def stack_env(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     _clear_caches()
+    # This process's Celery app is built on first use from the settings of that moment: a test module that
+    # imports worker.tasks builds one at collection, for no store of the tests (its result backend in ./var).
+    monkeypatch.setattr(core.queue, "_celery_app", None)
     upgrade_to_head()
     yield env
     db.get_engine().dispose()

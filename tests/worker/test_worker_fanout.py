@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from cli.serve import prepare_broker, prepare_result_backend
 from core.queue import send
+from core.settings import get_settings
 from core.status import JobStatus
 from store import chunks as chunk_store
 from store import jobs as job_store
@@ -42,6 +44,11 @@ def start_workers(
     stack_env: dict[str, str], start_worker: Callable[[], WorkerProcess], count: int, chunks: int = CHUNKS
 ) -> list[WorkerProcess]:
     stack_env.update(GPUEST_FANOUT_CHUNKS=str(chunks))  # the workers' environment (start_worker reads it)
+    # As the embedded stack does: the queue and the result backend's tables exist before several workers start
+    # (two workers creating a new queue at once on SQLite: "UNIQUE constraint failed: kombu_queue.name").
+    settings = get_settings()
+    prepare_broker(settings.resolved_broker_url(), stack_env["GPUEST_QUEUE"])
+    prepare_result_backend(settings.resolved_result_backend_url())
     workers = [start_worker() for _ in range(count)]
     for worker in workers:
         try:

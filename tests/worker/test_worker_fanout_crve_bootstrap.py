@@ -1,0 +1,159 @@
+"""A crve_bootstrap job fanned out over workers (issue 19): a heteroskedastic bootstrap on an uploaded dataset,
+its draws in parts that each set the test up from the dataset, then finished by a worker from the parts' sums:
+the result and the ``bootstrap_t`` artifact are the single run's exactly. End to end with two real worker
+processes, and in-process through the bookkeeping (the chord's callback lost; a job too small to split)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from celery import _state as celery_state
+
+import core.queue
+from core.queue import send
+from core.settings import get_settings
+from core.status import JobStatus
+from kernels.context import RunContext, local_context, run_kind
+from kernels.progress import LocalProgress
+from kernels.registry import get_kind
+from store import chunks as chunk_store
+from store import jobs as job_store
+from store.artifacts import job_artifact_dir
+from store.datasets import ingest
+from store.db import session_scope
+from tests.worker.conftest import WorkerProcess, comparable, load
+from tests.worker.test_worker_fanout import chunks_of, finished, start_workers
+from worker import fanout
+from worker.progress import JobProgress
+from worker.tasks import dataset_loader, execute_job
+
+KIND = "crve_bootstrap"
+# 20,000 rows without clusters: 20,000 bootstrap clusters; a NumPy worker computes chunks of
+# 4e6 // 20,000 = 200 draws, so B = 1,999 is 10 chunks: 5 a part in two parts.
+N_OBS = 20_000
+PARAMS = {"formula": "y ~ x1 + x2", "cluster": None, "weights": "w", "param": "x1", "reps": 1_999, "seed": 9}
+MIN_WEIGHTS = "1e6"  # fan out any job of these sizes (the default waits for 3 x 10^10 weights)
+WORKER = "host:1:parent"
+
+pytestmark = pytest.mark.slow
+
+
+def heteroskedastic_frame(n_obs: int = N_OBS, seed: int = 4) -> pd.DataFrame:
+    rs = np.random.default_rng(seed)
+    x1, x2 = rs.standard_normal(n_obs), rs.standard_normal(n_obs)
+    y = 1.0 + 0.5 * x2 + rs.standard_normal(n_obs) * np.sqrt(1.0 + x1**2)
+    return pd.DataFrame({"y": y, "x1": x1, "x2": x2, "w": 0.5 + rs.random(n_obs)})
+
+
+def upload(data: pd.DataFrame, tmp_path: Path) -> str:
+    path = tmp_path / "rows.parquet"
+    data.to_parquet(path, index=False)
+    with session_scope() as session:
+        return ingest(session, owner="tester", name=path.name, upload=path, source_format="parquet").id
+
+
+def submit_test(dataset_id: str, queue: str, params: dict[str, Any] = PARAMS) -> str:
+    with session_scope() as session:
+        job, _ = job_store.create_job(session, owner="tester", kind=KIND, params={**params, "dataset_id": dataset_id},
+                                      dataset_ids={"dataset_id": dataset_id}, queue=queue)  # fmt: skip
+        return job.id
+
+
+def single_run(data: pd.DataFrame, params: dict[str, Any] = PARAMS) -> tuple[dict[str, Any], np.ndarray]:
+    progress = LocalProgress()
+    ctx = local_context(device="cpu", datasets={"dataset_id": data}, progress=progress)
+    result = run_kind(get_kind(KIND), {**params, "dataset_id": "dataset_id"}, ctx)
+    return comparable(result), np.asarray(progress.artifacts["bootstrap_t"])
+
+
+def assert_stored_draws(job_id: str, expected: np.ndarray) -> None:
+    job = load(job_id)
+    stored = np.load(job_artifact_dir(job_id) / job.artifacts["bootstrap_t"]["file"], allow_pickle=False)
+    assert stored.dtype == expected.dtype and stored.tobytes() == expected.tobytes()
+
+
+def test_a_fanned_out_bootstrap_gives_the_single_run_exactly(
+    stack_env: dict[str, str], start_worker: Callable[[], WorkerProcess], tmp_path: Path
+) -> None:
+    data = heteroskedastic_frame()
+    single, draws = single_run(data)
+    stack_env.update(GPUEST_FANOUT_MIN_BOOTSTRAP_WEIGHTS=MIN_WEIGHTS)
+    workers = start_workers(stack_env, start_worker, 2, chunks=2)
+    job_id = submit_test(upload(data, tmp_path), stack_env["GPUEST_QUEUE"])
+    send(job_id, queue=stack_env["GPUEST_QUEUE"])
+    job = finished(job_id)
+    assert job.status == JobStatus.SUCCEEDED, (job.error, [w.output()[-3000:] for w in workers])
+    assert comparable(job.result) == single
+    assert_stored_draws(job_id, draws)
+    rows = chunks_of(job_id)
+    assert [row.spec["part"] for row in rows] == [[0, 0], [0, 2], [1, 2]] and rows[0].output == {}
+    assert [row.output["draws"] for row in rows[1:]] == [[0, 1_000], [1_000, 1_999]]
+    assert all(row.status == JobStatus.SUCCEEDED and row.attempts == 1 and row.device == "cpu" for row in rows)
+    # Both workers computed a part; then a worker process, not the marker, finished the job (attempts 1: the
+    # hand-over gave its attempt back), the parts' stages counted in its timings.
+    assert {int(row.worker.split(":")[1]) for row in rows[1:]} == {worker.process.pid for worker in workers}
+    assert not job.worker.startswith(chunk_store.FANOUT_WORKER_PREFIX) and job.attempts == 1
+    timings = job.result["timings"]
+    assert timings["bootstrap"] > 0 and timings["demean"] > 0 and "inference" in timings and "artifacts" in timings
+
+
+@pytest.fixture
+def in_process(stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fan-out in this process into 3 parts, whose chords nobody consumes."""
+    monkeypatch.setenv("GPUEST_FANOUT_CHUNKS", "3")
+    monkeypatch.setenv("GPUEST_FANOUT_MIN_BOOTSTRAP_WEIGHTS", MIN_WEIGHTS)
+    get_settings.cache_clear()
+    monkeypatch.setattr(celery_state, "_task_join_will_block", True)  # as inside a worker
+    yield
+    app = core.queue.get_celery_app()
+    pool = getattr(getattr(app.backend, "client", None), "connection_pool", None)
+    if pool is not None:
+        pool.disconnect()
+    app.close()
+
+
+def fan_out_here(job_id: str, dataset_id: str) -> bool:
+    with session_scope() as session:
+        assert job_store.claim(session, job_id, worker=WORKER, device="cpu")
+    dataset_ids = {"dataset_id": dataset_id}
+    ctx = RunContext(np, JobProgress(job_id, WORKER), dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids))
+    return fanout.try_fan_out(job_id, WORKER, get_kind(KIND), load(job_id).params, ctx, get_settings().queue)
+
+
+def test_a_bootstrap_whose_callback_is_lost_is_finished_by_a_worker_exactly(
+    in_process: None, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    data = heteroskedastic_frame(n_obs=8_000)  # chunks of 500 draws: 6 chunks, 3 parts of 2
+    params = {**PARAMS, "reps": 2_999, "conf_int": False}
+    single, draws = single_run(data, params)
+    job_id = submit_test(upload(data, tmp_path), stack_env["GPUEST_QUEUE"], params)
+    assert fan_out_here(job_id, load(job_id).dataset_ids["dataset_id"])
+    rows = chunks_of(job_id)
+    assert [row.status for row in rows] == ["succeeded", "queued", "queued", "queued"]
+    for row in reversed(rows[1:]):  # any order; each reads the dataset itself
+        assert fanout.execute_chunk(row.id, f"host:2:{row.chunk_index}") == JobStatus.SUCCEEDED
+    assert [row.output["draws"] for row in chunks_of(job_id)[1:]] == [[0, 1_000], [1_000, 2_000], [2_000, 2_999]]
+    assert load(job_id).status == JobStatus.RUNNING  # no callback came (nobody consumes the chord)
+    counts = fanout.reap_chunks(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue)
+    assert counts["reduced"] == 1 and load(job_id).status == JobStatus.QUEUED
+    assert execute_job(job_id, worker="host:3:finisher") == JobStatus.SUCCEEDED
+    job = load(job_id)
+    assert comparable(job.result) == single and job.attempts == 1 and job.worker == "host:3:finisher"
+    assert_stored_draws(job_id, draws)
+
+
+def test_a_bootstrap_too_small_to_split_runs_whole(
+    in_process: None, stack_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = heteroskedastic_frame(n_obs=2_000)
+    monkeypatch.setenv("GPUEST_FANOUT_MIN_BOOTSTRAP_WEIGHTS", "5e6")  # 2,000 x 1,999 weights: fewer
+    get_settings.cache_clear()
+    job_id = submit_test(upload(data, tmp_path), stack_env["GPUEST_QUEUE"])
+    assert execute_job(job_id, worker="host:4:whole") == JobStatus.SUCCEEDED
+    assert chunks_of(job_id) == [] and comparable(load(job_id).result) == single_run(data)[0]

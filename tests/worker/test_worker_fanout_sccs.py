@@ -1,0 +1,186 @@
+"""An sccs_fit job fanned out over workers (issue 19): its chunks read the job's datasets, and once they all
+succeeded the job goes back to its queue for a worker to finish it from their outputs (the final fit, profiles,
+artifacts): the result and the artifacts are the single run's exactly. End to end with two real worker
+processes (cross-validation), and in-process through the bookkeeping (bootstrap, the chord's callback lost)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from celery import _state as celery_state
+
+import core.queue
+from core.queue import send
+from core.settings import get_settings
+from core.status import JobStatus
+from kernels.context import RunContext, local_context, run_kind
+from kernels.progress import LocalProgress
+from kernels.registry import get_kind
+from store import chunks as chunk_store
+from store import jobs as job_store
+from store.artifacts import job_artifact_dir
+from store.datasets import ingest
+from store.db import session_scope
+from store.events import list_events
+from tests.kernels.sccs.test_sccs_chunks import comparable, frames
+from tests.worker.conftest import WorkerProcess, load
+from tests.worker.test_worker_fanout import chunks_of, finished, start_workers
+from worker import fanout
+from worker.progress import JobProgress
+from worker.tasks import dataset_loader, execute_job
+
+pytestmark = pytest.mark.slow
+
+KIND = "sccs_fit"
+# 20,000 cases: each of the two chunks fits 2 folds over 8 variances (about a second of NumPy here).
+CROSS_VALIDATION = {"prior": {"type": "laplace", "variance": 0.5}, "convergence": "gradient", "tolerance": 1e-8,
+                    "cross_validation": {"folds": 4, "grid": [0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30], "seed": 2},
+                    "profile": {"covariates": [1, 2]}}  # fmt: skip
+BOOTSTRAP = {"prior": {"type": "normal", "variance": 0.8, "exclude": [3]}, "bootstrap": {"replicates": 43, "seed": 5},
+             "profile": {"covariates": [2]}}  # fmt: skip
+WORKER = "host:1:parent"
+
+
+def stored_tables(tables: dict[str, pd.DataFrame], tmp_path: Path) -> dict[str, str]:
+    """The tables uploaded as Parquet datasets: params field -> dataset id."""
+    ids = {}
+    for field, frame in tables.items():
+        upload = tmp_path / f"{field}.parquet"
+        frame.to_parquet(upload, index=False)
+        with session_scope() as session:
+            ids[field] = ingest(session, owner="tester", name=upload.name, upload=upload, source_format="parquet").id
+    return ids
+
+
+def submit_fit(params: dict[str, Any], dataset_ids: dict[str, str], queue: str) -> str:
+    with session_scope() as session:
+        job, _ = job_store.create_job(
+            session, owner="tester", kind=KIND, params={**params, **dataset_ids}, dataset_ids=dataset_ids, queue=queue
+        )
+        return job.id
+
+
+def single_run(params: dict[str, Any], tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Any], LocalProgress]:
+    progress = LocalProgress()
+    spec = {**params, **{field: field for field in tables}}
+    result = run_kind(get_kind(KIND), spec, local_context(device="cpu", datasets=tables, progress=progress))
+    return comparable(result), progress
+
+
+def assert_stored_artifacts_equal(job_id: str, artifacts: dict[str, Any], expected: LocalProgress) -> None:
+    """The job's artifact files hold exactly the single run's arrays and tables."""
+    assert set(artifacts) == set(expected.artifacts)
+    folder = job_artifact_dir(job_id)
+    for name, value in expected.artifacts.items():
+        path = folder / artifacts[name]["file"]
+        if isinstance(value, pd.DataFrame):
+            pd.testing.assert_frame_equal(pd.read_parquet(path), value, check_exact=True)
+            continue
+        with np.load(path, allow_pickle=False) as stored:
+            assert set(stored.files) == set(value)
+            for key, array in value.items():
+                assert stored[key].tobytes() == np.asarray(array).tobytes() and stored[key].dtype == array.dtype
+
+
+@pytest.fixture
+def in_process(stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fan-out in this process into 3 chunks, whose chords nobody consumes (the Celery app of this test's store
+    is built with these settings: stack_env cleared the process's)."""
+    monkeypatch.setenv("GPUEST_FANOUT_CHUNKS", "3")
+    get_settings.cache_clear()
+    monkeypatch.setattr(celery_state, "_task_join_will_block", True)  # as inside a worker
+    yield
+    app = core.queue.get_celery_app()
+    pool = getattr(getattr(app.backend, "client", None), "connection_pool", None)
+    if pool is not None:
+        pool.disconnect()
+    app.close()
+
+
+def test_a_fanned_out_sccs_cross_validation_gives_the_single_run_exactly(
+    in_process: None, stack_env: dict[str, str], start_worker: Callable[[], WorkerProcess], tmp_path: Path
+) -> None:
+    tables = frames(n_cases=20_000, n_drugs=40)
+    single, single_progress = single_run(CROSS_VALIDATION, tables)
+    workers = start_workers(stack_env, start_worker, 2, chunks=2)
+    job_id = submit_fit(CROSS_VALIDATION, stored_tables(tables, tmp_path), stack_env["GPUEST_QUEUE"])
+    send(job_id, queue=stack_env["GPUEST_QUEUE"])
+    job = finished(job_id)
+    assert job.status == JobStatus.SUCCEEDED, (job.error, [w.output()[-3000:] for w in workers])
+    assert comparable(job.result) == single
+    assert_stored_artifacts_equal(job_id, job.artifacts, single_progress)
+    rows = chunks_of(job_id)
+    assert [row.spec["folds"] for row in rows] == [[0, 0], [0, 2], [2, 4]]
+    assert all(row.status == JobStatus.SUCCEEDED and row.attempts == 1 and row.device == "cpu" for row in rows)
+    # Both workers computed a chunk (one job on two workers); then a worker process, not the marker, finished it
+    # as a job (attempts 1: the hand-over gave its attempt back), the chunks' stages counted in its timings.
+    assert {int(row.worker.split(":")[1]) for row in rows[1:]} == {worker.process.pid for worker in workers}
+    assert not job.worker.startswith(chunk_store.FANOUT_WORKER_PREFIX) and job.attempts == 1
+    assert job.result["timings"]["cross_validation"] > 0 and "fit" in job.result["timings"]
+    with session_scope() as session:
+        messages = [event.message for event in list_events(session, job_id, limit=200, offset=0)[0]]
+    assert any("queued to be finished" in message for message in messages), messages
+
+
+def test_a_bootstrap_split_whose_callback_is_lost_is_finished_by_a_worker_exactly(
+    in_process: None, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    tables = frames(n_cases=600, n_drugs=8)
+    single, single_progress = single_run(BOOTSTRAP, tables)
+    dataset_ids = stored_tables(tables, tmp_path)
+    job_id = submit_fit(BOOTSTRAP, dataset_ids, stack_env["GPUEST_QUEUE"])
+    with session_scope() as session:
+        assert job_store.claim(session, job_id, worker=WORKER, device="cpu")
+    ctx = RunContext(np, JobProgress(job_id, WORKER), dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids))
+    params = load(job_id).params
+    assert fanout.try_fan_out(job_id, WORKER, get_kind(KIND), params, ctx, stack_env["GPUEST_QUEUE"])
+    rows = chunks_of(job_id)
+    assert [row.status for row in rows] == ["succeeded", "queued", "queued", "queued"]
+    assert "final_fit" in rows[0].output and [row.spec["replicates"] for row in rows[1:]] == [
+        [0, 15],
+        [15, 29],
+        [29, 43],
+    ]
+    for row in reversed(rows[1:]):  # any order; each reads the tables itself
+        assert fanout.execute_chunk(row.id, f"host:2:{row.chunk_index}") == JobStatus.SUCCEEDED
+    assert load(job_id).status == JobStatus.RUNNING  # no callback came (nobody consumes the chord)
+    counts = fanout.reap_chunks(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue)
+    assert counts["reduced"] == 1
+    job = load(job_id)
+    assert job.status == JobStatus.QUEUED and job.attempts == 0 and job.worker is None
+    assert fanout.settle(job_id) is None  # handed over once
+    assert execute_job(job_id, worker="host:3:finisher") == JobStatus.SUCCEEDED
+    job = load(job_id)
+    assert comparable(job.result) == single and job.attempts == 1 and job.worker == "host:3:finisher"
+    assert_stored_artifacts_equal(job_id, job.artifacts, single_progress)
+
+
+def test_a_small_sccs_job_is_not_fanned_out(in_process: None, stack_env: dict[str, str], tmp_path: Path) -> None:
+    tables = frames(n_cases=300, n_drugs=6)
+    small = {**BOOTSTRAP, "bootstrap": {"replicates": 12, "seed": 5}}  # 2 batches of 10: below the threshold
+    job_id = submit_fit(small, stored_tables(tables, tmp_path), stack_env["GPUEST_QUEUE"])
+    assert execute_job(job_id, worker="host:4:whole") == JobStatus.SUCCEEDED
+    assert chunks_of(job_id) == [] and comparable(load(job_id).result) == single_run(small, tables)[0]
+
+
+def test_a_job_cancelled_while_its_chunks_end_is_cancelled_not_finished(
+    in_process: None, stack_env: dict[str, str], tmp_path: Path
+) -> None:
+    dataset_ids = stored_tables(frames(n_cases=300, n_drugs=6), tmp_path)
+    job_id = submit_fit(BOOTSTRAP, dataset_ids, stack_env["GPUEST_QUEUE"])
+    with session_scope() as session:
+        assert job_store.claim(session, job_id, worker=WORKER, device="cpu")
+    ctx = RunContext(np, JobProgress(job_id, WORKER), dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids))
+    assert fanout.try_fan_out(job_id, WORKER, get_kind(KIND), load(job_id).params, ctx, stack_env["GPUEST_QUEUE"])
+    for row in chunks_of(job_id)[1:]:
+        assert fanout.execute_chunk(row.id, "host:2:w") == JobStatus.SUCCEEDED
+    with session_scope() as session:
+        job_store.request_cancel(session, job_id, "tester")
+    assert fanout.settle(job_id) == JobStatus.CANCELLED
+    assert load(job_id).status == JobStatus.CANCELLED and load(job_id).result is None

@@ -50,7 +50,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from kernels.backend import is_numpy, to_host
-from kernels.sccs import ccd, model
+from kernels.sccs import ccd, fixed_sums, model
 from kernels.sccs import precondition as precondition_
 from kernels.sccs.data import SccsData, from_coo
 from kernels.sccs.model import Prior
@@ -271,7 +271,7 @@ def _certified_bracket(seen: list[_Point], target: float) -> tuple[float, float]
     outside = [point for point in points if point[1] < t]
     (s_in, q_in), high = inside[-1], math.inf
     low = s_in
-    if len(inside) >= 2:
+    if len(inside) >= 2 and inside[-2][0] < s_in:
         s_before, q_before = inside[-2]
         slope = (q_in - q_before) / (s_in - s_before)
         if slope < 0:
@@ -280,7 +280,7 @@ def _certified_bracket(seen: list[_Point], target: float) -> tuple[float, float]
         s_out, q_out = outside[0]
         low = max(low, s_in + (q_in - t) * (s_out - s_in) / (q_in - q_out))
         high = min(high, s_out)
-        if len(outside) >= 2:
+        if len(outside) >= 2 and outside[1][0] > s_out:
             s_after, q_after = outside[1]
             slope = (q_after - q_out) / (s_after - s_out)
             if slope < 0:
@@ -332,9 +332,7 @@ def crossing_steps(
     raise RuntimeError(f"the profile search did not converge in {MAX_SEARCH_STEPS} steps")
 
 
-def end_steps(
-    estimate: float, at_estimate: float, threshold: float, direction: float, first_guess: float = FIRST_STEP
-) -> _Steps:
+def end_steps(estimate: float, at_estimate: float, threshold: float, direction: float, first_guess: float) -> _Steps:
     """One end's search as a coroutine: yields each b, is sent p(b), returns the end (None: the profile stays
     above the threshold up to the search's limit, :func:`_reach`). The root of p(b) = threshold on the
     ``direction`` side of the estimate, found by :func:`crossing_steps` on the signed root deviance; p at the
@@ -350,49 +348,70 @@ def end_steps(
         return None if stop.value is None else estimate + direction * stop.value
 
 
-def _information(data: SccsData, prior: Prior, beta: np.ndarray, columns: list[int]) -> np.ndarray:
-    """The diagonal of the negative log posterior's Hessian at ``beta`` for ``columns`` (host array):
-    ``sum_i n_i (sum_k p_k x_kj^2 - a_ij^2)`` with ``a_ij = sum_{k in i} p_k x_kj`` (see
-    :func:`kernels.sccs.precondition.hessian_block`), plus ``1 / variance`` for a coefficient under a normal
-    prior. It is at least the profile's curvature (the others held), whose ``z / sqrt`` is the Wald half-width
-    the searches start from; on ``data``'s device."""
+def _local_model(data: SccsData, prior: Prior, beta: np.ndarray, columns: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """For ``columns`` at ``beta`` (host arrays, computed on ``data``'s device): the diagonal of the negative log
+    posterior's Hessian, ``sum_i n_i (sum_k p_k x_kj^2 - a_ij^2)`` with ``a_ij = sum_{k in i} p_k x_kj`` (see
+    :func:`kernels.sccs.precondition.hessian_block`) plus ``1 / variance`` under a normal prior, and the
+    log-likelihood's gradient ``sum_k x_kj (y_k - n_i p_k)``. The diagonal is at least the profile's curvature
+    (the others held), whose ``z / sqrt`` is the Wald half-width the searches start from; the gradient gives the
+    profile's slope at a Laplace prior's kink. On the GPU every sum runs in a fixed order (the same first guesses,
+    so the same searches, on every run)."""
     xp = data.xp
     eta = model.linear_predictor(data, beta)
     log_weight = eta + xp.log(data.era_length)
     scaled = xp.exp(log_weight - model.case_max(data, log_weight)[data.era_case])
-    share = scaled / xp.bincount(data.era_case, weights=scaled, minlength=data.n_cases)[data.era_case]
+    share = scaled / model.case_sums(data, scaled)[data.era_case]
     col_ptr = np.asarray(to_host(data.col_ptr), dtype=np.int64)
-    information = np.zeros(len(columns))
+    touched_col_ptr = np.asarray(to_host(data.touched_col_ptr), dtype=np.int64)
+    information, gradient = np.zeros(len(columns)), np.zeros(len(columns))
     for m, column in enumerate(columns):
         start, stop = int(col_ptr[column]), int(col_ptr[column + 1])
+        first, last = int(touched_col_ptr[column]), int(touched_col_ptr[column + 1])
         rows, values = data.col_rows[start:stop], data.col_values[start:stop]
-        cases = data.era_case[rows]
-        first = xp.sum(data.case_events[cases] * share[rows] * values * values)
-        a = xp.bincount(cases, weights=share[rows] * values, minlength=data.n_cases)
-        information[m] = float(first - xp.sum(data.case_events * a * a))
+        expected = data.case_events[data.era_case[rows]] * share[rows]  # n_i p_k
+        a = _touched_case_sums(data, start, first, last, share[rows] * values)  # a_ij of the cases j touches
+        information[m] = _total(xp, expected * values * values) - _total(
+            xp, data.case_events[data.touched_case[first:last]] * a * a
+        )
+        gradient[m] = _total(xp, values * (data.era_events[rows] - expected))
         if prior.kind == "normal" and prior.penalised[column]:
             information[m] += 1.0 / prior.variance
-    return information
+    return information, gradient
 
 
-def _first_guess(information: float, rate: float, at_estimate: float, threshold: float) -> float:
-    """Where ``q(s) = -rate s - information s^2 / 2`` falls to the threshold: the Wald-type half-width
-    ``z / sqrt(information)`` without a Laplace prior's ``rate`` (the profile falls by ``rate s`` more away from
-    a coefficient at 0 or beyond it); at most LARGEST_FIRST_GUESS."""
+def _touched_case_sums(data: SccsData, start: int, first: int, last: int, values: Any) -> Any:
+    """Per case that a column touches (``touched_case[first:last]``), the sum of ``values`` over the column's
+    nonzeros ``start ..`` in that case: on the GPU in a fixed order."""
+    if is_numpy(data.xp):
+        return np.bincount(
+            data.nnz_touched[start : start + values.shape[0]] - first, weights=values, minlength=last - first
+        )
+    return fixed_sums.segment_sums(data.touched_ptr[first : last + 1] - start, values)
+
+
+def _total(xp: Any, values: Any) -> float:
+    """The sum of a vector as a host float: on the GPU in a fixed order."""
+    return float(np.sum(values)) if is_numpy(xp) else fixed_sums.total(values)
+
+
+def _first_guess(information: float, slope: float, at_estimate: float, threshold: float) -> float:
+    """Where ``q(s) = -slope s - information s^2 / 2`` falls to the threshold: the Wald-type half-width
+    ``z / sqrt(information)`` where the profile leaves the estimate flat; at most LARGEST_FIRST_GUESS."""
     drop = at_estimate - threshold  # z^2 / 2
     if information > 0:
-        guess = 2.0 * drop / (rate + math.sqrt(rate * rate + 2.0 * information * drop))
+        guess = 2.0 * drop / (slope + math.sqrt(slope * slope + 2.0 * information * drop))
     else:
-        guess = drop / rate if rate > 0 else math.inf
+        guess = drop / slope if slope > 0 else math.inf
     return min(guess, LARGEST_FIRST_GUESS)
 
 
-def _laplace_rate(prior: Prior, column: int, estimate: float, direction: float) -> float:
-    """The slope the Laplace prior adds to the profile's fall on the ``direction`` side of the estimate: its rate
-    away from a coefficient at 0 or beyond it, none towards 0 (where the likelihood's slope balances it)."""
-    if prior.kind != "laplace" or not prior.penalised[column] or direction * estimate < 0:
+def _kink_slope(prior: Prior, column: int, estimate: float, gradient: float, direction: float) -> float:
+    """How fast the profile falls as it leaves a coefficient that a Laplace prior holds at 0, on the
+    ``direction`` side: the prior's rate less the log-likelihood's slope that way (at most the rate; none off the
+    kink, where the maximum leaves the profile flat)."""
+    if prior.kind != "laplace" or not prior.penalised[column] or estimate != 0.0:
         return 0.0
-    return prior.laplace_rate
+    return max(prior.laplace_rate - direction * gradient, 0.0)
 
 
 @dataclass
@@ -624,12 +643,12 @@ def batched_profile_intervals(
     top = full.log_posterior
     beta_hat = full.beta if block is None else block.to_original(full.beta)  # = full.beta outside the block
     threshold = _threshold(top, level)
-    information = _information(data, prior, beta_hat, columns)
-    for column, at_column in zip(columns, information.tolist(), strict=True):
+    information, gradient = _local_model(data, prior, beta_hat, columns)
+    for m, column in enumerate(columns):
         estimate = float(beta_hat[column])
         for direction in (-1.0, 1.0):
-            rate = _laplace_rate(prior, column, estimate, direction)
-            first_guess = _first_guess(at_column, rate, top, threshold)
+            slope = _kink_slope(prior, column, estimate, float(gradient[m]), direction)
+            first_guess = _first_guess(float(information[m]), slope, top, threshold)
             searches.append(_Search(column, end_steps(estimate, top, threshold, direction, first_guess)))
     _run_searches(refits, group, [search for search in searches if search.column not in in_block], full.beta)
     del refits  # (a GPU engine's buffers go before the next one's)

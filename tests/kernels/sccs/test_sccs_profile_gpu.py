@@ -152,6 +152,26 @@ def test_batched_profile_on_the_gpu_equals_numpy(kind: str) -> None:
             assert b == pytest.approx(b_ref, abs=ROOT_TOLERANCE) and value == pytest.approx(value_ref, abs=1e-7)
 
 
+def test_the_searches_local_model_on_the_gpu_equals_numpys_and_repeats_bit_for_bit() -> None:
+    # the first guesses' curvature and slope (fixed-order sums on the device) = NumPy's to 1e-10, and the same
+    # bits twice (the searches, and so the profile points, are the same on every run)
+    import cupy
+
+    from kernels.sccs.profile import _local_model
+
+    seed, data = _fresh(binary=False)
+    device_data = data.to(cupy)
+    beta = np.random.default_rng(seed).normal(0.0, 0.3, data.n_covariates)
+    for kind in ("normal", "laplace"):
+        prior = _prior(kind, data.n_covariates)
+        host = _local_model(data, prior, beta, [0, 2, 5])
+        device = _local_model(device_data, prior, beta, [0, 2, 5])
+        again = _local_model(device_data, prior, beta, [0, 2, 5])
+        for on_host, on_device, repeated in zip(host, device, again, strict=True):
+            assert on_device == pytest.approx(on_host, rel=1e-10, abs=1e-9), f"seed {seed}, {kind}"
+            assert on_device.tobytes() == repeated.tobytes()
+
+
 def test_an_open_end_stays_open_on_the_gpu() -> None:
     import cupy
 

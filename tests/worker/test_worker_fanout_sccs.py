@@ -29,7 +29,7 @@ from store.datasets import ingest
 from store.db import session_scope
 from store.events import list_events
 from tests.kernels.sccs.test_sccs_chunks import comparable, frames
-from tests.worker.conftest import WorkerProcess, load
+from tests.worker.conftest import WorkerProcess, load, wait_for
 from tests.worker.test_worker_fanout import chunks_of, finished, start_workers
 from worker import fanout
 from worker.progress import JobProgress
@@ -126,6 +126,37 @@ def test_a_fanned_out_sccs_cross_validation_gives_the_single_run_exactly(
     with session_scope() as session:
         messages = [event.message for event in list_events(session, job_id, limit=200, offset=0)[0]]
     assert any("queued to be finished" in message for message in messages), messages
+
+
+def test_a_chunk_whose_worker_is_killed_reruns_alone_and_the_fit_is_unchanged(
+    in_process: None, stack_env: dict[str, str], start_worker: Callable[[], WorkerProcess], tmp_path: Path
+) -> None:
+    # Larger than the test above, so that a chunk is still running when its worker is killed (SIGKILL).
+    tables = frames(n_cases=60_000, n_drugs=40)
+    params = {**CROSS_VALIDATION, "profile": None}
+    single, _ = single_run(params, tables)
+    workers = start_workers(stack_env, start_worker, 2, chunks=2)
+    job_id = submit_fit(params, stored_tables(tables, tmp_path), stack_env["GPUEST_QUEUE"])
+    send(job_id, queue=stack_env["GPUEST_QUEUE"])
+
+    def running_chunk() -> Any:
+        rows = [row for row in chunks_of(job_id) if row.status == JobStatus.RUNNING and row.progress > 0]
+        return rows[0] if rows else None
+
+    wait_for(lambda: running_chunk() is not None, 120, "a chunk to be part done")
+    victim_chunk = running_chunk()
+    assert victim_chunk is not None
+    pid = int(str(victim_chunk.worker).split(":")[1])
+    (victim,) = [worker for worker in workers if worker.process.pid == pid]
+    victim.kill_hard()
+    job = finished(job_id, timeout=240)
+    survivor = next(worker for worker in workers if worker is not victim)
+    assert job.status == JobStatus.SUCCEEDED, (job.error, survivor.output()[-3000:])
+    assert comparable(job.result) == single
+    rows = {row.chunk_index: row for row in chunks_of(job_id)}
+    assert rows[victim_chunk.chunk_index].attempts == 2  # the lost chunk ran again ...
+    assert all(row.attempts == 1 for index, row in rows.items() if index != victim_chunk.chunk_index)  # ... alone
+    assert "reaped a chunk of a lost worker" in survivor.output()
 
 
 def test_a_bootstrap_split_whose_callback_is_lost_is_finished_by_a_worker_exactly(

@@ -59,6 +59,7 @@ from kernels.crve.bootstrap import (
 )
 from kernels.crve.formula import parse_formula
 from kernels.crve.spec import BootstrapParams, BootstrapResult
+from kernels.ranges import even_range
 
 KIND = "crve_bootstrap"
 SYNTHETIC_CLUSTER_COLUMN = "cluster"  # kernels/crve/synthetic.py's cluster column
@@ -122,9 +123,7 @@ def plan(
 def part_chunks(n_chunks: int, parts: int, index: int) -> range:
     """Part ``index``'s draw chunks of ``0 .. n_chunks - 1`` cut into ``parts`` contiguous groups whose sizes
     differ by one at most, in order (a part may get none when there are fewer chunks than parts)."""
-    size, extra = divmod(n_chunks, parts)
-    start = index * size + min(index, extra)
-    return range(start, start + size + (1 if index < extra else 0))
+    return even_range(n_chunks, parts, index)
 
 
 def backend_name(xp: ModuleType) -> str:

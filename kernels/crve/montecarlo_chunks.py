@@ -24,6 +24,7 @@ from kernels.crve import jobs as crve_jobs
 from kernels.crve import montecarlo as mc
 from kernels.crve.jobs import montecarlo_critical_values, montecarlo_design, montecarlo_result
 from kernels.crve.spec import MonteCarloParams, MonteCarloResult
+from kernels.ranges import even_ranges
 
 KIND = "crve_montecarlo"
 
@@ -39,15 +40,7 @@ def plan(params: MonteCarloParams, xp: ModuleType) -> mc.SimulationPlan:
 def split_blocks(n_blocks: int, chunks: int) -> list[range]:
     """Blocks 1 .. n_blocks - 1 (block 0 is the lead's) in at most ``chunks`` contiguous ranges whose sizes
     differ by one at most, in order."""
-    rest = n_blocks - 1
-    count = max(1, min(chunks, rest))
-    size, extra = divmod(rest, count)
-    ranges, start = [], 1
-    for index in range(count):
-        stop = start + size + (1 if index < extra else 0)
-        ranges.append(range(start, stop))
-        start = stop
-    return [blocks for blocks in ranges if len(blocks)]
+    return [range(part.start + 1, part.stop + 1) for part in even_ranges(n_blocks - 1, chunks) if len(part)]
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ import numpy as np
 
 from kernels.backend import array_namespace, is_numpy
 from kernels.context import RunContext
+from kernels.ranges import even_ranges
 from kernels.sccs import bootstrap as boot
 from kernels.sccs import ccd
 from kernels.sccs import cv as crossval
@@ -73,14 +74,7 @@ def split_of(params: SccsParams) -> str | None:
 
 def split_range(count: int, chunks: int) -> list[range]:
     """``0 .. count - 1`` in at most ``chunks`` contiguous ranges whose sizes differ by one at most, in order."""
-    parts = max(1, min(chunks, count))
-    size, extra = divmod(count, parts)
-    ranges, start = [], 0
-    for index in range(parts):
-        stop = start + size + (1 if index < extra else 0)
-        ranges.append(range(start, stop))
-        start = stop
-    return ranges
+    return even_ranges(count, chunks)
 
 
 def plan(params: SccsParams, chunks: int, min_batches: int) -> list[dict[str, Any]] | None:

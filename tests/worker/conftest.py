@@ -176,3 +176,20 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval:
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.fixture
+def in_process(stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fan-out in this process into 3 chunks, whose chords nobody consumes (the Celery app of this test's store
+    is built with these settings: stack_env cleared the process's)."""
+    from celery import _state as celery_state
+
+    monkeypatch.setenv("GPUEST_FANOUT_CHUNKS", "3")
+    get_settings.cache_clear()
+    monkeypatch.setattr(celery_state, "_task_join_will_block", True)  # as inside a worker
+    yield
+    app = core.queue.get_celery_app()
+    pool = getattr(getattr(app.backend, "client", None), "connection_pool", None)
+    if pool is not None:
+        pool.disconnect()
+    app.close()

@@ -5,7 +5,7 @@ processes, and in-process through the bookkeeping (the chord's callback lost; a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -13,9 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from celery import _state as celery_state
 
-import core.queue
 from core.queue import send
 from core.settings import get_settings
 from core.status import JobStatus
@@ -104,18 +102,10 @@ def test_a_fanned_out_bootstrap_gives_the_single_run_exactly(
 
 
 @pytest.fixture
-def in_process(stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Fan-out in this process into 3 parts, whose chords nobody consumes."""
-    monkeypatch.setenv("GPUEST_FANOUT_CHUNKS", "3")
+def bootstrap_in_process(in_process: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared in-process fan-out (tests/worker/conftest.py), splitting bootstraps of these sizes."""
     monkeypatch.setenv("GPUEST_FANOUT_MIN_BOOTSTRAP_WEIGHTS", MIN_WEIGHTS)
     get_settings.cache_clear()
-    monkeypatch.setattr(celery_state, "_task_join_will_block", True)  # as inside a worker
-    yield
-    app = core.queue.get_celery_app()
-    pool = getattr(getattr(app.backend, "client", None), "connection_pool", None)
-    if pool is not None:
-        pool.disconnect()
-    app.close()
 
 
 def fan_out_here(job_id: str, dataset_id: str) -> bool:
@@ -127,7 +117,7 @@ def fan_out_here(job_id: str, dataset_id: str) -> bool:
 
 
 def test_a_bootstrap_whose_callback_is_lost_is_finished_by_a_worker_exactly(
-    in_process: None, stack_env: dict[str, str], tmp_path: Path
+    bootstrap_in_process: None, stack_env: dict[str, str], tmp_path: Path
 ) -> None:
     data = heteroskedastic_frame(n_obs=8_000)  # chunks of 500 draws: 6 chunks, 3 parts of 2
     params = {**PARAMS, "reps": 2_999, "conf_int": False}
@@ -149,7 +139,7 @@ def test_a_bootstrap_whose_callback_is_lost_is_finished_by_a_worker_exactly(
 
 
 def test_a_bootstrap_too_small_to_split_runs_whole(
-    in_process: None, stack_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bootstrap_in_process: None, stack_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = heteroskedastic_frame(n_obs=2_000)
     monkeypatch.setenv("GPUEST_FANOUT_MIN_BOOTSTRAP_WEIGHTS", "5e6")  # 2,000 x 1,999 weights: fewer

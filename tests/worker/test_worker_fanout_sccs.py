@@ -5,7 +5,7 @@ processes (cross-validation), and in-process through the bookkeeping (bootstrap,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -13,9 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from celery import _state as celery_state
 
-import core.queue
 from core.queue import send
 from core.settings import get_settings
 from core.status import JobStatus
@@ -86,21 +84,6 @@ def assert_stored_artifacts_equal(job_id: str, artifacts: dict[str, Any], expect
             assert set(stored.files) == set(value)
             for key, array in value.items():
                 assert stored[key].tobytes() == np.asarray(array).tobytes() and stored[key].dtype == array.dtype
-
-
-@pytest.fixture
-def in_process(stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Fan-out in this process into 3 chunks, whose chords nobody consumes (the Celery app of this test's store
-    is built with these settings: stack_env cleared the process's)."""
-    monkeypatch.setenv("GPUEST_FANOUT_CHUNKS", "3")
-    get_settings.cache_clear()
-    monkeypatch.setattr(celery_state, "_task_join_will_block", True)  # as inside a worker
-    yield
-    app = core.queue.get_celery_app()
-    pool = getattr(getattr(app.backend, "client", None), "connection_pool", None)
-    if pool is not None:
-        pool.disconnect()
-    app.close()
 
 
 def test_a_fanned_out_sccs_cross_validation_gives_the_single_run_exactly(

@@ -1061,8 +1061,9 @@ KINDS = [
         result_model=SccsAnalysesResult,
         run=run_analyses,
         dataset_fields=("outcomes_dataset_id", "covariates_dataset_id", "names_dataset_id"),
-        summary="Many SCCS analyses of one outcome's tables (each exposure alone, one batch on the GPU): "
-        "conditional MLE, likelihood-ratio intervals and p-values, MDRR, empirical calibration from controls",
+        summary="Many SCCS analyses of one or several outcomes' tables (each exposure-outcome pair alone, one batch "
+        "on the GPU): conditional MLE, likelihood-ratio intervals and p-values, MDRR, empirical calibration from "
+        "controls",
         example=KindExample(_example_analyses_params(), datasets=_example_fit_tables),
     ),
     JobKind(

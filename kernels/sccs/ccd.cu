@@ -33,9 +33,12 @@ extern "C" __global__ void sccs_grad_hess(
     const int r = blockIdx.y;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     double g = 0.0, h = 0.0;
-    if (t < m && active[r]) {
-        const long long slot = t_begin + t;
-        const long long c = touched_case[slot];
+    const long long slot = t_begin + t;
+    const long long c = t < m ? touched_case[slot] : 0;
+    // A case of weight 0 in this replicate (a bootstrap case not drawn, a held-out fold) adds exactly 0: its
+    // nonzeros are not read (a third of a bootstrap replicate's cases).
+    const double ce = t < m ? weighted_events[(long long)r * n_cases + c] : 0.0;
+    if (t < m && active[r] && ce != 0.0) {
         const real* wr = w + (long long)r * n_eras;
         double a = 0.0, b = 0.0;
         for (long long p = touched_ptr[slot]; p < touched_ptr[slot + 1]; ++p) {
@@ -46,7 +49,6 @@ extern "C" __global__ void sccs_grad_hess(
         }
         if (binary) b = a;
         const double s = (double)sums[(long long)r * n_cases + c];
-        const double ce = weighted_events[(long long)r * n_cases + c];
         const double share = a / s;
         g = ce * share;
         h = ce * (b / s - share * share);
@@ -114,13 +116,15 @@ extern "C" __global__ void sccs_step(
 }
 
 // Listing 3: one thread per (replicate, touched case) updates eta, w = L exp(eta) and that case's S at the
-// column's nonzeros (a thread owns its case: no atomics).
+// column's nonzeros (a thread owns its case: no atomics). A case of weight 0 in the replicate is left as it is:
+// nothing of the replicate reads its state with a nonzero weight (gradient, criterion, log-likelihood).
 extern "C" __global__ void sccs_update(
     const long long t_begin, const int m,
     const long long* __restrict__ touched_case, const long long* __restrict__ touched_ptr,
     const long long* __restrict__ col_rows, const double* __restrict__ col_values,
     const double* __restrict__ era_length, real* __restrict__ eta, real* __restrict__ w,
-    real* __restrict__ sums, const double* __restrict__ step, const long long n_eras, const long long n_cases)
+    real* __restrict__ sums, const double* __restrict__ step, const double* __restrict__ case_weights,
+    const long long n_eras, const long long n_cases)
 {
     const int r = blockIdx.y;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -129,6 +133,7 @@ extern "C" __global__ void sccs_update(
     if (d == 0.0) return;
     const long long slot = t_begin + t;
     const long long c = touched_case[slot];
+    if (case_weights[(long long)r * n_cases + c] == 0.0) return;
     real* er = eta + (long long)r * n_eras;
     real* wr = w + (long long)r * n_eras;
     double change = 0.0;

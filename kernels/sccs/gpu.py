@@ -11,6 +11,9 @@ Per coordinate ``j`` three kernels of ``ccd.cu`` run, with nothing crossing to t
 3. ``sccs_update`` (Listing 3): one thread per (replicate, touched case) updates ``eta``,
    ``w = L exp(eta)`` and that case's ``S`` — a thread owns its case, so no atomics are needed.
 
+A case of weight 0 in a replicate (a bootstrap case not drawn, a held-out fold) is skipped by both per-column
+kernels: it adds exactly 0 to the sums, and nothing reads its per-era state with a nonzero weight.
+
 One cycle over all coordinates (3 J launches) is captured once into a CUDA graph and replayed per cycle;
 the host only reads the per-replicate convergence criterion after each cycle, and then reports progress
 through the batch's ``on_cycle`` callback (which may raise ``JobCancelled``: the cancel point, between two
@@ -245,7 +248,7 @@ class BatchEngine:
             k.update(
                 (blocks, r), (BLOCK,),
                 (first, cases, d.touched_case, d.touched_ptr, d.col_rows, d.col_values, d.era_length, self.eta,
-                 self.w, self.sums, self.step, n_eras, n_cases),
+                 self.w, self.sums, self.step, self.case_weights, n_eras, n_cases),
             )
 
     def _capture(self) -> None:
@@ -349,8 +352,8 @@ class BatchEngine:
             self._kernels.update(
                 (column.blocks, self.capacity), (BLOCK,),
                 (np.int64(column.first), np.int32(column.cases), d.touched_case, d.touched_ptr, d.col_rows,
-                 d.col_values, d.era_length, self.eta, self.w, self.sums, steps_device[i], np.int64(d.n_eras),
-                 np.int64(d.n_cases)),
+                 d.col_values, d.era_length, self.eta, self.w, self.sums, steps_device[i], self.case_weights,
+                 np.int64(d.n_eras), np.int64(d.n_cases)),
             )
         self.beta[cp.asarray(rows), cp.asarray(columns)] = cp.asarray(values[rows])
         self._held_values[rows] = values[rows]

@@ -280,7 +280,7 @@ def _profile(params: SccsParams, inputs: _FitInputs, result: ccd.FitResult, vari
     spec = params.profile
     assert spec is not None
     ids = inputs.data.covariate_ids.tolist()
-    wanted = ids if spec.covariates is None else spec.covariates
+    wanted = default_profiled(ids, _control_ids(params)) if spec.covariates is None else spec.covariates
     unknown = sorted(set(wanted) - set(ids))
     if unknown:
         raise ValueError(f"profile.covariates: covariateId {unknown[0]} is not a covariate of the fit "
@@ -293,6 +293,23 @@ def _profile(params: SccsParams, inputs: _FitInputs, result: ccd.FitResult, vari
                                           _profile_progress(ctx, 0.9, "profile likelihood"))
     ctx.save_artifact("profile_curves", _profile_curves(inputs, intervals))
     return {interval.covariate: interval for interval in intervals}
+
+
+def default_profiled(covariate_ids: list[int], controls: frozenset[int] | set[int] = frozenset()) -> list[int]:
+    """The covariates profiled when the job names none: every one but the time splines' components (the ids
+    SelfControlledCaseSeries and ``sccs_eras`` reserve for age, season and calendar time,
+    :data:`study.RESERVED_IDS`), whose intervals nobody reads; all of them when every id lies in that range (a
+    fit of the user's own covariates). The calibration's controls are always profiled (their intervals are the
+    null's data)."""
+    exposures = [c for c in covariate_ids if c not in study.RESERVED_IDS or c in controls]
+    return exposures or list(covariate_ids)
+
+
+def _control_ids(params: SccsParams) -> set[int]:
+    spec = params.calibration
+    if spec is None:
+        return set()
+    return {*spec.negative_controls, *(control.covariate_id for control in spec.positive_controls)}
 
 
 def _profile_progress(ctx: RunContext, fraction: float, stage: str) -> ProfileProgress:

@@ -85,7 +85,9 @@ class BootstrapSpec(_Section):
 class ProfileSpec(_Section):
     covariates: list[int] | None = Field(
         default=None, min_length=1, max_length=1000,
-        description="covariateIds to profile (default: every covariate of the fit)",
+        description="covariateIds to profile (default: every covariate of the fit but the age, season and "
+        "calendar-time spline components, covariateIds 100-399 as sccs_eras writes them; all of them when every "
+        "covariateId lies in 100-399)",
     )
     level: float = Field(default=0.95, gt=0.5, lt=1.0, description="confidence level of the intervals")
 

@@ -19,7 +19,7 @@ from kernels.registry import get_kind
 from kernels.sccs import bootstrap, model, study, synthetic
 from kernels.sccs import precondition as pre
 from kernels.sccs.data import SccsData, build_from_tables
-from kernels.sccs.jobs import FitPlan
+from kernels.sccs.jobs import FitPlan, default_profiled
 from kernels.sccs.model import Prior
 from kernels.sccs.spec import SccsParams
 from tests.kernels.sccs.test_sccs_chunks import assert_same_artifacts, chunked_run, single_run
@@ -306,3 +306,24 @@ def test_chunked_gpu_run_with_the_switch_equals_the_single_gpu_run_exactly(
     chunked, chunked_progress, _ = chunked_run(params, study_frames, 3, order_seed=3, xp=cp)
     assert chunked == single
     assert_same_artifacts(single_progress, chunked_progress)
+
+
+def test_default_profile_leaves_out_the_spline_components_but_not_controls() -> None:
+    ids = [*SPLINE_IDS, 1000, 1001, 7]
+    assert default_profiled(ids) == [1000, 1001, 7]
+    assert default_profiled(ids, {101, 1001}) == [101, 1000, 1001, 7]  # a control is the null's data: profiled
+    assert default_profiled([100, 150, 399]) == [100, 150, 399]  # the user's own ids in that range: all of them
+    assert default_profiled([99, 400]) == [99, 400]
+
+
+def test_a_job_without_profile_covariates_profiles_the_exposures_of_a_spline_study(
+    study_frames: dict[str, pd.DataFrame],
+) -> None:
+    job = {**STUDY_JOB, "cross_validation": None, "bootstrap": None, "profile": {}, "precondition": "splines"}
+    result, progress = run(job, study_frames)
+    exposures = [c["covariate_id"] for c in result["coefficients"] if c["covariate_id"] not in SPLINE_IDS]
+    assert len(exposures) == 8 and min(exposures) == FIRST_DRUG
+    assert sorted(set(progress.artifacts["profile_curves"]["covariateId"])) == exposures
+    for coefficient in result["coefficients"]:
+        profiled = coefficient["profile_ci_lower"] is not None
+        assert profiled == (coefficient["covariate_id"] in exposures), coefficient["covariate_id"]

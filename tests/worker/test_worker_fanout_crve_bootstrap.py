@@ -1,7 +1,8 @@
 """A crve_bootstrap job fanned out over workers (issue 19): a heteroskedastic bootstrap on an uploaded dataset,
 its draws in parts that each set the test up from the dataset, then finished by a worker from the parts' sums:
 the result and the ``bootstrap_t`` artifact are the single run's exactly. End to end with two real worker
-processes, and in-process through the bookkeeping (the chord's callback lost; a job too small to split)."""
+processes (one of them SIGKILLed in its part: that part re-runs alone), and in-process through the bookkeeping
+(the chord's callback lost; a job too small to split)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from store import jobs as job_store
 from store.artifacts import job_artifact_dir
 from store.datasets import ingest
 from store.db import session_scope
-from tests.worker.conftest import WorkerProcess, comparable, load
+from tests.worker.conftest import WorkerProcess, comparable, load, wait_for
 from tests.worker.test_worker_fanout import chunks_of, finished, start_workers
 from worker import fanout
 from worker.progress import JobProgress
@@ -99,6 +100,44 @@ def test_a_fanned_out_bootstrap_gives_the_single_run_exactly(
     assert not job.worker.startswith(chunk_store.FANOUT_WORKER_PREFIX) and job.attempts == 1
     timings = job.result["timings"]
     assert timings["bootstrap"] > 0 and timings["demean"] > 0 and "inference" in timings and "artifacts" in timings
+
+
+def test_a_part_whose_worker_is_killed_reruns_alone_and_the_test_is_unchanged(
+    stack_env: dict[str, str], start_worker: Callable[[], WorkerProcess], tmp_path: Path
+) -> None:
+    # The sizes above: each part computes 5 draw chunks of about 0.6 s on NumPy and reports its progress after
+    # each (at most every 0.5 s: 0.23, 0.41, 0.59, ...). A part seen below half done has at least 3 chunks, over
+    # a second and a half, still to compute when its worker is killed (SIGKILL).
+    data = heteroskedastic_frame()
+    single, draws = single_run(data)
+    stack_env.update(GPUEST_FANOUT_MIN_BOOTSTRAP_WEIGHTS=MIN_WEIGHTS)
+    workers = start_workers(stack_env, start_worker, 2, chunks=2)
+    job_id = submit_test(upload(data, tmp_path), stack_env["GPUEST_QUEUE"])
+    send(job_id, queue=stack_env["GPUEST_QUEUE"])
+
+    def running_part() -> Any:
+        rows = [row for row in chunks_of(job_id) if row.status == JobStatus.RUNNING and 0 < row.progress < 0.5]
+        return rows[0] if rows else None
+
+    wait_for(lambda: running_part() is not None, 120, "a part to be under way")
+    victim_part = running_part()
+    assert victim_part is not None
+    pid = int(str(victim_part.worker).split(":")[1])
+    (victim,) = [worker for worker in workers if worker.process.pid == pid]
+    victim.kill_hard()
+    job = finished(job_id)
+    survivor = next(worker for worker in workers if worker is not victim)
+    assert job.status == JobStatus.SUCCEEDED, (job.error, survivor.output()[-3000:])
+    assert comparable(job.result) == single
+    assert_stored_draws(job_id, draws)
+    rows = {row.chunk_index: row for row in chunks_of(job_id)}
+    assert rows[victim_part.chunk_index].attempts == 2  # the lost part ran again, on the survivor ...
+    assert rows[victim_part.chunk_index].worker.split(":")[1] == str(survivor.process.pid)
+    assert all(row.attempts == 1 for index, row in rows.items() if index != victim_part.chunk_index)  # ... alone
+    assert all(row.status == JobStatus.SUCCEEDED for row in rows.values())
+    assert "reaped a chunk of a lost worker" in survivor.output()
+    # Finished by the survivor as a job, never re-queued as one (the hand-over gave its attempt back).
+    assert job.worker.split(":")[1] == str(survivor.process.pid) and job.attempts == 1
 
 
 @pytest.fixture

@@ -4,20 +4,33 @@
 //
 // Defines (set by bellman.py through kernels/cuda.py, see kernel_defines there):
 //   REAL                  double or float: the precision of every array and of the arithmetic;
-//   INVERSE_GOLDEN_RATIO  (sqrt(5) - 1) / 2, minimize.py's constant, so both twins use one literal.
+//   INVERSE_GOLDEN_RATIO  (sqrt(5) - 1) / 2, minimize.py's constant, so both twins use one literal;
+//   QUADRATIC             1: quadratic interpolation in x (grid.interpolate's curvature): V holds, per grid point,
+//                         the pair (V, D2) with D2 = d2V/dx2 at the node (grid.x_curvature), so that one corner
+//                         of the interpolation is two 16-byte loads (V and D2 at Sigma nodes ks and ks + 1)
+//                         rather than four 8-byte loads from two arrays; 0: V alone, linear in x.
 //
 // params layout (see CudaBellman.__init__):
 //   0 alpha, 1 gamma, 2 sigma_eps^2, 3 delta, 4 omega, 5 xbar, 6 ubar, 7 A, 8 B, 9 C (inert V0 = A x^2 + B x + C),
 //   10 omega*ubar, 11 omega*ubar^2, then per axis (x, mu, Sigma) 7 numbers:
 //   lo, hi, centre, stretch = sinh(c)/R, concentration c, z_lo, 1/dz;
-//   33 residual: 1 = interpolate V - V0 and add V0 (grid.interpolate's baseline), 0 = plain trilinear;
-//   34 quadratic: 1 = subtract (1/2) D2 (x - x_i)(x_{i+1} - x), D2 = d2V/dx2 at the nodes (grid.x_curvature)
-//      interpolated like V (grid.interpolate's curvature), 0 = none (D2 is then not read).
+//   33 residual: 1 = interpolate V - V0 and add V0 (grid.interpolate's baseline), 0 = plain trilinear.
 //
-// Both kernels compute the flat points first .. first + count - 1 (C order, x slowest) and read V and D2
-// everywhere: (0, nx*nmu*ns) on one device, one slab per device over several (slabs.py).
+// Both kernels compute the flat points first .. first + count - 1 (C order, x slowest) and read V everywhere:
+// (0, nx*nmu*ns) on one device, one slab per device over several (slabs.py).
 
 typedef REAL real;
+
+template <typename T> struct Vec2;
+template <> struct Vec2<double> { typedef double2 type; };
+template <> struct Vec2<float> { typedef float2 type; };
+typedef Vec2<real>::type real2;
+
+#if QUADRATIC
+#define VALUE_STRIDE 2  // (V, D2) pairs
+#else
+#define VALUE_STRIDE 1
+#endif
 
 struct Axis {
     real lo, hi, centre, stretch, conc, z_lo, inv_dz;
@@ -27,14 +40,13 @@ struct Axis {
 
 struct Model {
     real alpha, gamma, se2, delta, omega, xbar, ubar, a, b, c, omega_ubar, omega_ubar2;
-    bool residual, quadratic;
+    bool residual;
 };
 
 struct Problem {
     Model m;
     Axis ax, amu, as;
-    const real* __restrict__ V;
-    const real* __restrict__ D2;
+    const real* __restrict__ V;  // VALUE_STRIDE reals a grid point
     const real* __restrict__ qz;
     const real* __restrict__ qw;
     int nq;
@@ -48,15 +60,27 @@ __device__ __forceinline__ Axis load_axis(const real* p, const real* nodes, int 
     return a;
 }
 
-// Cell index i and weight of node i+1, the value clamped to the axis (constant beyond the cuboid).
+// asinh's guess in float32 with the SFU's logarithm: the cell index it gives is at most one cell off (an error
+// of about n * 1e-6 cells), and locate's comparisons then settle the exact cell.
+__device__ __forceinline__ float guess_asinh(float y) {
+    const float a = fabsf(y);
+    return copysignf(__logf(a + sqrtf(fmaf(a, a, 1.0f))), y);
+}
+
+// grid.locate: the cell i with nodes[i] <= v < nodes[i+1] (i = n - 2 at the upper end) and the weight of node
+// i + 1, v clamped to the axis (constant beyond the cuboid). The spacing law's inverse only guesses i (in float64
+// asinh was a third of an improvement's time, bench/RESULTS.md); comparisons with the nodes make it exact, so the
+// index is grid.locate's (a binary search there) whatever the rounding of the guess.
 __device__ __forceinline__ int locate(const Axis& a, real v, real& w) {
     v = fmin(fmax(v, a.lo), a.hi);
-    real z = (a.conc > (real)0) ? asinh((v - a.centre) * a.stretch) / a.conc : v;
-    real t = (z - a.z_lo) * a.inv_dz;
-    real ft = fmin(fmax(floor(t), (real)0), (real)(a.n - 2));
-    int i = (int)ft;
-    real left = __ldg(a.nodes + i);
-    w = (v - left) / (__ldg(a.nodes + i + 1) - left);
+    const float t = (a.conc > (real)0)
+        ? (guess_asinh((float)((v - a.centre) * a.stretch)) / (float)a.conc - (float)a.z_lo) * (float)a.inv_dz
+        : (float)((v - a.z_lo) * a.inv_dz);
+    int i = (int)fminf(fmaxf(floorf(t), 0.0f), (float)(a.n - 2));
+    real left = __ldg(a.nodes + i), right = __ldg(a.nodes + i + 1);
+    while (v < left && i > 0) { --i; right = left; left = __ldg(a.nodes + i); }
+    while (v >= right && i < a.n - 2) { ++i; left = right; right = __ldg(a.nodes + i + 1); }
+    w = (v - left) / (right - left);
     return i;
 }
 
@@ -79,29 +103,43 @@ __device__ __forceinline__ real q_value(const Problem& P, real u, real x, real m
         real wx, wm;
         const int ix = locate(P.ax, xn, wx);
         const int jm = locate(P.amu, mun, wm);
-        const real* v0 = P.V + ((size_t)ix * nmu + jm) * ns + ks;  // corner (ix, jm, ks)
-        const real* v1 = v0 + (size_t)nmu * ns;                      // corner (ix + 1, jm, ks)
+        const size_t o0 = ((size_t)ix * nmu + jm) * ns + ks;  // corner (ix, jm, ks)
+        const size_t o1 = o0 + (size_t)nmu * ns;               // corner (ix + 1, jm, ks)
+#if QUADRATIC
+        // Each corner's pairs at ks and ks + 1: (V, D2) in .x, .y
+        const real2* pv = reinterpret_cast<const real2*>(P.V);
+        const real2 p00 = __ldg(pv + o0), q00 = __ldg(pv + o0 + 1);
+        const real2 p01 = __ldg(pv + o0 + ns), q01 = __ldg(pv + o0 + ns + 1);
+        const real2 p10 = __ldg(pv + o1), q10 = __ldg(pv + o1 + 1);
+        const real2 p11 = __ldg(pv + o1 + ns), q11 = __ldg(pv + o1 + ns + 1);
+        real s00 = p00.x * ((real)1 - ws) + q00.x * ws;
+        real s01 = p01.x * ((real)1 - ws) + q01.x * ws;
+        real s10 = p10.x * ((real)1 - ws) + q10.x * ws;
+        real s11 = p11.x * ((real)1 - ws) + q11.x * ws;
+#else
+        const real* v0 = P.V + o0;
+        const real* v1 = P.V + o1;
         real s00 = __ldg(v0) * ((real)1 - ws) + __ldg(v0 + 1) * ws;
         real s01 = __ldg(v0 + ns) * ((real)1 - ws) + __ldg(v0 + ns + 1) * ws;
         real s10 = __ldg(v1) * ((real)1 - ws) + __ldg(v1 + 1) * ws;
         real s11 = __ldg(v1 + ns) * ((real)1 - ws) + __ldg(v1 + ns + 1) * ws;
+#endif
         real t0 = s00 * ((real)1 - wm) + s01 * wm;
         real t1 = s10 * ((real)1 - wm) + s11 * wm;
         real v = t0 * ((real)1 - wx) + t1 * wx;
-        if (m.quadratic) {  // grid.interpolate's curvature: the same corners of D2, then the x correction
-            const size_t o0 = ((size_t)ix * nmu + jm) * ns + ks, o1 = o0 + (size_t)nmu * ns;
-            const real* c0 = P.D2 + o0;
-            const real* c1 = P.D2 + o1;
-            real d00 = __ldg(c0) * ((real)1 - ws) + __ldg(c0 + 1) * ws;
-            real d01 = __ldg(c0 + ns) * ((real)1 - ws) + __ldg(c0 + ns + 1) * ws;
-            real d10 = __ldg(c1) * ((real)1 - ws) + __ldg(c1 + 1) * ws;
-            real d11 = __ldg(c1 + ns) * ((real)1 - ws) + __ldg(c1 + ns + 1) * ws;
+#if QUADRATIC
+        {  // grid.interpolate's curvature: the same corners of D2, then the x correction
+            real d00 = p00.y * ((real)1 - ws) + q00.y * ws;
+            real d01 = p01.y * ((real)1 - ws) + q01.y * ws;
+            real d10 = p10.y * ((real)1 - ws) + q10.y * ws;
+            real d11 = p11.y * ((real)1 - ws) + q11.y * ws;
             real e0 = d00 * ((real)1 - wm) + d01 * wm;
             real e1 = d10 * ((real)1 - wm) + d11 * wm;
             real d2 = e0 * ((real)1 - wx) + e1 * wx;
             real h = __ldg(P.ax.nodes + ix + 1) - __ldg(P.ax.nodes + ix);
             v = v - (real)0.5 * d2 * (wx * ((real)1 - wx)) * (h * h);
         }
+#endif
         if (m.residual) {  // grid.baseline_correction: V0(x') - linear interpolant of V0 between the x nodes
             const real left = __ldg(P.ax.nodes + ix), right = __ldg(P.ax.nodes + ix + 1);
             const real q_left = (m.a * left + m.b) * left + m.c;
@@ -118,18 +156,17 @@ __device__ __forceinline__ real q_value(const Problem& P, real u, real x, real m
 
 __device__ __forceinline__ Problem load_problem(const real* params, const real* gx, const real* gmu, const real* gs,
                                                 const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
-                                                const real* V, const real* D2) {
+                                                const real* V) {
     Problem P;
     P.m.alpha = params[0]; P.m.gamma = params[1]; P.m.se2 = params[2]; P.m.delta = params[3];
     P.m.omega = params[4]; P.m.xbar = params[5]; P.m.ubar = params[6];
     P.m.a = params[7]; P.m.b = params[8]; P.m.c = params[9];
     P.m.omega_ubar = params[10]; P.m.omega_ubar2 = params[11];
     P.m.residual = params[33] != (real)0;
-    P.m.quadratic = params[34] != (real)0;
     P.ax = load_axis(params + 12, gx, nx);
     P.amu = load_axis(params + 19, gmu, nmu);
     P.as = load_axis(params + 26, gs, ns);
-    P.V = V; P.D2 = D2; P.qz = qz; P.qw = qw; P.nq = nq;
+    P.V = V; P.qz = qz; P.qw = qw; P.nq = nq;
     return P;
 }
 
@@ -139,11 +176,11 @@ __device__ __forceinline__ Problem load_problem(const real* params, const real* 
 extern "C" __global__ void __launch_bounds__(128, 8) dc_evaluate(const real* params, const real* gx, const real* gmu, const real* gs,
                                        const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
                                        long long first, long long count,
-                                       const real* __restrict__ V, const real* __restrict__ D2,
-                                       const real* __restrict__ U, real* __restrict__ V_out) {
+                                       const real* __restrict__ V, const real* __restrict__ U,
+                                       real* __restrict__ V_out) {
     const long long p = first + (long long)blockDim.x * blockIdx.x + threadIdx.x;  // flat point (C order)
     if (p >= first + count) return;
-    const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V, D2);
+    const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V);
     const int ks = (int)(p % ns);
     const int jm = (int)((p / ns) % nmu);
     const int ix = (int)(p / ((long long)ns * nmu));
@@ -153,12 +190,11 @@ extern "C" __global__ void __launch_bounds__(128, 8) dc_evaluate(const real* par
 extern "C" __global__ void __launch_bounds__(128, 6) dc_improve(const real* params, const real* gx, const real* gmu, const real* gs,
                                       const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
                                       long long first, long long count,
-                                      const real* __restrict__ V, const real* __restrict__ D2,
-                                      const real* __restrict__ U_prev, int has_prev,
+                                      const real* __restrict__ V, const real* __restrict__ U_prev, int has_prev,
                                       int n_scan, int n_golden, real* __restrict__ V_out, real* __restrict__ U_out) {
     const long long p = first + (long long)blockDim.x * blockIdx.x + threadIdx.x;  // flat point (C order)
     if (p >= first + count) return;
-    const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V, D2);
+    const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V);
     const Model& m = P.m;
     const int ks = (int)(p % ns);
     const int jm = (int)((p / ns) % nmu);
@@ -171,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) dc_improve(const real* para
     real qb = (real)2 * (mu * gap - m.omega_ubar);
     real qc = gap * gap + m.se2 + m.omega_ubar2;
     real inert = (m.a * x + m.b) * x + m.c;
-    real upper = fmax(inert, V[p]);
+    real upper = fmax(inert, V[VALUE_STRIDE * p]);
     real centre = -qb / ((real)2 * qa);
     real min_loss = qc - qb * qb / ((real)4 * qa);
     real half = sqrt(fmax(upper - min_loss, (real)0) / qa);
@@ -216,4 +252,16 @@ extern "C" __global__ void __launch_bounds__(128, 6) dc_improve(const real* para
     if (golden_q < best_q) { best_u = golden_u; best_q = golden_q; }
     V_out[p] = best_q;
     U_out[p] = best_u;
+}
+
+// grid.locate on the device for count values along one axis (its 7 numbers as in params): the cell index and
+// the weight of its upper node (tests hold it to the NumPy locator).
+extern "C" __global__ void dc_locate(const real* axis_params, const real* nodes, int n, const real* values,
+                                     long long count, int* index, real* weight) {
+    const long long p = (long long)blockDim.x * blockIdx.x + threadIdx.x;
+    if (p >= count) return;
+    const Axis a = load_axis(axis_params, nodes, n);
+    real w;
+    index[p] = locate(a, values[p], w);
+    weight[p] = w;
 }

@@ -32,13 +32,18 @@ from kernels.dualcontrol.model import ModelParams, inert_bounds, inert_value, my
 from kernels.dualcontrol.quadrature import normal_quadrature
 
 
-def kernel_defines(dtype: Any) -> dict[str, cuda.DefineValue]:
-    """The defines bellman.cu is compiled with for arrays of ``dtype`` (float64 or float32)."""
-    return {**cuda.real_define(dtype), "INVERSE_GOLDEN_RATIO": INVERSE_GOLDEN_RATIO}
+def kernel_defines(dtype: Any, quadratic: bool = False) -> dict[str, cuda.DefineValue]:
+    """The defines bellman.cu is compiled with for arrays of ``dtype`` (float64 or float32); ``quadratic``: the
+    values come as (V, d2V/dx2) pairs (quadratic interpolation in x)."""
+    return {**cuda.real_define(dtype), "INVERSE_GOLDEN_RATIO": INVERSE_GOLDEN_RATIO, "QUADRATIC": quadratic}
 
 
-# Both precisions the job kind offers (``precision``: float64, float32) are compiled at worker start.
-_SOURCE = cuda.kernel_source(__file__, "bellman.cu", warm_up=[kernel_defines(np.float64), kernel_defines(np.float32)])
+# Both precisions the job kind offers (``precision``: float64, float32), with and without the quadratic
+# interpolation's value pairs, are compiled at worker start.
+_SOURCE = cuda.kernel_source(
+    __file__, "bellman.cu",
+    warm_up=[kernel_defines(dtype, quadratic) for dtype in (np.float64, np.float32) for quadratic in (False, True)],
+)
 
 
 Interpolation = Literal["trilinear", "quadratic", "residual"]
@@ -201,11 +206,12 @@ class CudaBellman(ArrayBellman):
         for axis in self.grid.axes:
             params.extend(axis.device_params())
         params.append(1.0 if self.baseline is not None else 0.0)  # residual interpolation (V - V0) on/off
-        params.append(1.0 if self.interpolation == "quadratic" else 0.0)  # quadratic correction in x on/off
         self.params = xp.asarray(np.asarray(params, dtype=self.dtype))
-        defines = kernel_defines(self.dtype)
+        defines = kernel_defines(self.dtype, self.interpolation == "quadratic")
         self._evaluate = cuda.function(_SOURCE, "dc_evaluate", defines)
         self._improve = cuda.function(_SOURCE, "dc_improve", defines)
+        self._paired_of: Any = None  # the values array whose (V, d2V/dx2) pairs are cached (quadratic)
+        self._paired: Any = None
         self.n_points = int(np.prod(self.grid.shape))
         self.point_range = point_range or (0, self.n_points)
         first, count = self.point_range
@@ -235,13 +241,21 @@ class CudaBellman(ArrayBellman):
         values = xp.ascontiguousarray(values, dtype=self.dtype)
         policy = xp.ascontiguousarray(policy, dtype=self.dtype)
         out = xp.empty_like(values)
-        self._evaluate(*self._launch_shape(), (*self._common_args(), values, self._curvature_arg(values), policy, out))
+        self._evaluate(*self._launch_shape(), (*self._common_args(), self._values_arg(values), policy, out))
         return out
 
-    def _curvature_arg(self, values: Any) -> Any:
-        """The kernels' D2 argument: the x curvature (quadratic interpolation), else V itself (never read)."""
-        curvature = self.curvature(values)
-        return values if curvature is None else self.xp.ascontiguousarray(curvature, dtype=self.dtype)
+    def _values_arg(self, values: Any) -> Any:
+        """The kernels' V argument: ``values`` itself, or with quadratic interpolation each point's pair
+        ``(V, d2V/dx2)`` (bellman.cu's QUADRATIC layout), built once per ``values`` array."""
+        if self.interpolation != "quadratic":
+            return values
+        if self._paired_of is not values:
+            xp = self.xp
+            paired = xp.empty((*values.shape, 2), dtype=self.dtype)
+            paired[..., 0] = values
+            paired[..., 1] = x_curvature(values, self.nodes[0], xp)
+            self._paired, self._paired_of = paired, values
+        return self._paired
 
     def improve(self, values: Any, previous_policy: Any | None) -> tuple[Any, Any]:
         xp = self.xp
@@ -252,8 +266,7 @@ class CudaBellman(ArrayBellman):
         out_u = xp.empty_like(values)
         args = (
             *self._common_args(),
-            values,
-            self._curvature_arg(values),
+            self._values_arg(values),
             previous,
             np.int32(has_previous),
             np.int32(self.minimiser.scan_points),

@@ -160,14 +160,16 @@ def make_state_grid(
 
 
 def locate(axis: Axis, nodes: Any, values: Any, xp: Any) -> tuple[Any, Any]:
-    """Cell index i (nodes[i] <= v <= nodes[i+1]) and weight of nodes[i+1], values clamped to the axis.
+    """Cell index i (nodes[i] <= v < nodes[i+1], i = size - 2 at the upper end) and weight of nodes[i+1],
+    values clamped to the axis.
 
-    Clamping first is what makes the interpolant constant beyond the cuboid.
+    Clamping first is what makes the interpolant constant beyond the cuboid. The index comes from comparisons
+    with the nodes themselves (not from the spacing law's inverse, whose rounding can put a value on a node in
+    either neighbouring cell): bellman.cu's locator guesses with the inverse and settles by the same comparisons,
+    so both twins pick the same cell for every value.
     """
     v = xp.clip(values, axis.lo, axis.hi)
-    z = xp.arcsinh((v - axis.centre) * axis.stretch) / axis.concentration if axis.concentration > 0.0 else v
-    t = (z - axis.z_lo) * (1.0 / axis.dz)
-    index = xp.clip(xp.floor(t), 0, axis.size - 2).astype(xp.int64)
+    index = xp.clip(xp.searchsorted(nodes, v, side="right") - 1, 0, axis.size - 2)
     left = nodes[index]
     weight = (v - left) / (nodes[index + 1] - left)
     return index, weight

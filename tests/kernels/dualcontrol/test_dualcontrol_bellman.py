@@ -193,12 +193,14 @@ def test_cuda_source_warms_up_both_precisions_with_the_defines_an_operator_compi
     the golden-section constant reaches the kernel as the very literal of minimize.py."""
     source = bellman._SOURCE
     assert source.path.name == "bellman.cu" and source in cuda.declared_sources()
-    warm = {dict(defines)["REAL"]: dict(defines) for defines in source.warm_up_defines}
+    warm = {(dict(defines)["REAL"], dict(defines)["QUADRATIC"]): dict(defines) for defines in source.warm_up_defines}
     for dtype, real in ((np.float64, "double"), (np.float32, "float")):
-        options = cuda.compile_options(source, bellman.kernel_defines(dtype))
-        assert options == cuda.compile_options(source, warm[real])
-        assert f"-DREAL={real}" in options and f"-DINVERSE_GOLDEN_RATIO={INVERSE_GOLDEN_RATIO!r}" in options
-    assert set(warm) == {"double", "float"}
+        for quadratic in (False, True):
+            options = cuda.compile_options(source, bellman.kernel_defines(dtype, quadratic))
+            assert options == cuda.compile_options(source, warm[real, "1" if quadratic else "0"])
+            assert f"-DREAL={real}" in options and f"-DINVERSE_GOLDEN_RATIO={INVERSE_GOLDEN_RATIO!r}" in options
+            assert f"-DQUADRATIC={int(quadratic)}" in options
+    assert len(warm) == len(source.warm_up_defines) == 4
 
 
 def _block_after(text: str, opening: str) -> str:

@@ -37,6 +37,24 @@ def test_locate_brackets_every_point_and_clamps() -> None:
     np.testing.assert_allclose(nodes[index] + weight * (nodes[index + 1] - nodes[index]), clamped, atol=1e-12)
 
 
+@pytest.mark.parametrize("anchor", [None, 0.0])
+def test_locate_picks_the_cell_the_nodes_bound_even_on_a_node(anchor: float | None) -> None:
+    """nodes[i] <= v < nodes[i+1] exactly (i = size - 2 at the top end) for values on the nodes, one ulp either
+    side of them and at the anchor (mu = 0), where the spacing law's inverse rounds to either neighbour: the
+    rule bellman.cu's locator settles by the same comparisons."""
+    axis = make_axis(-3.0, 5.0, 33, centre=0.5, concentration=2.0, anchor=anchor)
+    nodes = axis.nodes()
+    values = np.concatenate([nodes, np.nextafter(nodes, -np.inf), np.nextafter(nodes, np.inf), [0.0, 5.0, 9.0]])
+    index, weight = locate(axis, nodes, values, np)
+    clamped = np.clip(values, -3.0, 5.0)
+    top = index == axis.size - 2
+    assert (nodes[index] <= clamped).all()
+    assert ((clamped < nodes[index + 1]) | (top & (clamped == 5.0))).all()
+    assert ((weight >= 0.0) & (weight <= 1.0)).all()
+    on_node = np.isin(clamped, nodes[:-1])
+    np.testing.assert_array_equal(weight[on_node], 0.0)  # a value on a node is that node's, weight 0
+
+
 def _grid():
     return make_state_grid((-4.0, 6.0, 13), (-2.0, 3.0, 11), (0.05, 2.0, 9), xbar=1.0, concentration=2.0)
 

@@ -84,6 +84,7 @@ def solve_policy(xp: Any, model: ModelParams, grid: StateGrid, policy: str, stat
         quadrature_nodes=args.nodes,
         interpolation=args.interpolation,
         minimiser=MinimiserSettings(golden_iterations=args.golden_iterations),
+        evaluation=args.evaluation,
     )
     reports: dict[tuple[int, int, int], Any] = {}
 
@@ -136,6 +137,8 @@ def main() -> None:
         help="golden-section steps of the solves' improvement (the job's minimizer.golden_iterations)",
     )
     parser.add_argument("--interpolation", choices=["trilinear", "quadratic", "residual"], default="trilinear")
+    parser.add_argument("--evaluation", choices=["sweeps", "anderson"], default="sweeps",
+                        help="policy evaluation between improvements (the job's acceleration.evaluation)")
     parser.add_argument("--concentration", type=float, default=2.0)
     parser.add_argument("--mu-concentration", type=float, default=None)
     parser.add_argument("--mu-node", action=argparse.BooleanOptionalAction, default=True, help="node at mu = 0")

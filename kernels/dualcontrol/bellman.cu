@@ -8,7 +8,8 @@
 //   QUADRATIC             1: quadratic interpolation in x (grid.interpolate's curvature): V holds, per grid point,
 //                         the pair (V, D2) with D2 = d2V/dx2 at the node (grid.x_curvature), so that one corner
 //                         of the interpolation is two 16-byte loads (V and D2 at Sigma nodes ks and ks + 1)
-//                         rather than four 8-byte loads from two arrays; 0: V alone, linear in x.
+//                         rather than four 8-byte loads from two arrays; 0: V alone, linear in x;
+//   BAND                  x nodes of a band of the banded point order (point_of).
 //
 // params layout (see CudaBellman.__init__):
 //   0 alpha, 1 gamma, 2 sigma_eps^2, 3 delta, 4 omega, 5 xbar, 6 ubar, 7 A, 8 B, 9 C (inert V0 = A x^2 + B x + C),
@@ -17,7 +18,8 @@
 //   33 residual: 1 = interpolate V - V0 and add V0 (grid.interpolate's baseline), 0 = plain trilinear.
 //
 // Both kernels compute the flat points first .. first + count - 1 (C order, x slowest) and read V everywhere:
-// (0, nx*nmu*ns) on one device, one slab per device over several (slabs.py).
+// (0, nx*nmu*ns) on one device, one slab per device over several (slabs.py). With `banded` (the range starts
+// and ends on band boundaries) the threads take the points in the banded order of point_of.
 
 typedef REAL real;
 
@@ -34,6 +36,7 @@ typedef Vec2<real>::type real2;
 
 struct Axis {
     real lo, hi, centre, stretch, conc, z_lo, inv_dz;
+    float guess_scale, guess_shift;  // the cell guess t = asinh(...) * scale - shift (float32; locate)
     int n;
     const real* __restrict__ nodes;
 };
@@ -55,6 +58,8 @@ struct Problem {
 __device__ __forceinline__ Axis load_axis(const real* p, const real* nodes, int n) {
     Axis a;
     a.lo = p[0]; a.hi = p[1]; a.centre = p[2]; a.stretch = p[3]; a.conc = p[4]; a.z_lo = p[5]; a.inv_dz = p[6];
+    a.guess_scale = (float)(a.conc > (real)0 ? a.inv_dz / a.conc : a.inv_dz);
+    a.guess_shift = (float)(a.z_lo * a.inv_dz);
     a.n = n;
     a.nodes = nodes;
     return a;
@@ -67,20 +72,20 @@ __device__ __forceinline__ float guess_asinh(float y) {
     return copysignf(__logf(a + sqrtf(fmaf(a, a, 1.0f))), y);
 }
 
-// grid.locate: the cell i with nodes[i] <= v < nodes[i+1] (i = n - 2 at the upper end) and the weight of node
-// i + 1, v clamped to the axis (constant beyond the cuboid). The spacing law's inverse only guesses i (in float64
-// asinh was a third of an improvement's time, bench/RESULTS.md); comparisons with the nodes make it exact, so the
-// index is grid.locate's (a binary search there) whatever the rounding of the guess.
-__device__ __forceinline__ int locate(const Axis& a, real v, real& w) {
+// grid.locate: the cell i with nodes[i] <= v < nodes[i+1] (i = n - 2 at the upper end), the weight of node i + 1
+// and the cell's width, v clamped to the axis (constant beyond the cuboid). The spacing law's inverse only guesses
+// i (in float64 asinh was a third of an improvement's time, bench/RESULTS.md); comparisons with the nodes make it
+// exact, so the index is grid.locate's (a binary search there) whatever the rounding of the guess.
+__device__ __forceinline__ int locate(const Axis& a, real v, real& w, real& width) {
     v = fmin(fmax(v, a.lo), a.hi);
-    const float t = (a.conc > (real)0)
-        ? (guess_asinh((float)((v - a.centre) * a.stretch)) / (float)a.conc - (float)a.z_lo) * (float)a.inv_dz
-        : (float)((v - a.z_lo) * a.inv_dz);
+    const float z = (a.conc > (real)0) ? guess_asinh((float)((v - a.centre) * a.stretch)) : (float)v;
+    const float t = fmaf(z, a.guess_scale, -a.guess_shift);
     int i = (int)fminf(fmaxf(floorf(t), 0.0f), (float)(a.n - 2));
     real left = __ldg(a.nodes + i), right = __ldg(a.nodes + i + 1);
     while (v < left && i > 0) { --i; right = left; left = __ldg(a.nodes + i); }
     while (v >= right && i < a.n - 2) { ++i; left = right; right = __ldg(a.nodes + i + 1); }
-    w = (v - left) / (right - left);
+    width = right - left;
+    w = (v - left) / width;
     return i;
 }
 
@@ -91,7 +96,8 @@ __device__ __forceinline__ real q_value(const Problem& P, real u, real x, real m
     real sd = sqrt(u * u * S + m.se2);
     real S1 = (real)1 / ((real)1 / S + u * u / m.se2);
     real ws;
-    const int ks = locate(P.as, S1, ws);
+    real unused_width;
+    const int ks = locate(P.as, S1, ws, unused_width);
     const real mu_over_S = mu / S;
     const real mu_u = mu * u;
     real ev = 0;
@@ -101,8 +107,9 @@ __device__ __forceinline__ real q_value(const Problem& P, real u, real x, real m
         real y = mu_u + e;
         real mun = S1 * (mu_over_S + u * y / m.se2);
         real wx, wm;
-        const int ix = locate(P.ax, xn, wx);
-        const int jm = locate(P.amu, mun, wm);
+        real h, mu_width;  // h: the x cell's width (the quadratic correction's)
+        const int ix = locate(P.ax, xn, wx, h);
+        const int jm = locate(P.amu, mun, wm, mu_width);
         const size_t o0 = ((size_t)ix * nmu + jm) * ns + ks;  // corner (ix, jm, ks)
         const size_t o1 = o0 + (size_t)nmu * ns;               // corner (ix + 1, jm, ks)
 #if QUADRATIC
@@ -136,7 +143,6 @@ __device__ __forceinline__ real q_value(const Problem& P, real u, real x, real m
             real e0 = d00 * ((real)1 - wm) + d01 * wm;
             real e1 = d10 * ((real)1 - wm) + d11 * wm;
             real d2 = e0 * ((real)1 - wx) + e1 * wx;
-            real h = __ldg(P.ax.nodes + ix + 1) - __ldg(P.ax.nodes + ix);
             v = v - (real)0.5 * d2 * (wx * ((real)1 - wx)) * (h * h);
         }
 #endif
@@ -152,6 +158,23 @@ __device__ __forceinline__ real q_value(const Problem& P, real u, real x, real m
     real du = u - m.ubar;
     real loss = gap * gap + S * u * u + m.se2 + m.omega * du * du;
     return loss + m.delta * ev;
+}
+
+// The point the thread of rank `rank` (0 .. count - 1) computes. Banded: the grid's points in bands of BAND x nodes
+// (the last band what is left), a band's (x, mu) rows taken mu-major, x fastest, then Sigma. The threads in flight
+// at once (about 10^5 on an H100) then hold BAND x nodes by a few dozen mu nodes rather than one x node by every mu
+// node, so their quadrature nodes land in fewer rows of V and more of them hit the L2 cache (an improvement step
+// 11 % faster at 256^3, bench/RESULTS.md). The order changes which thread computes a point, never its arithmetic.
+__device__ __forceinline__ long long point_of(long long rank, long long first, int banded, int nx, int nmu, int ns) {
+    const long long g = first + rank;
+    if (!banded) return g;
+    const long long band_points = (long long)BAND * nmu * ns;
+    const long long band = g / band_points;
+    const long long height = min((long long)BAND, (long long)nx - band * BAND);  // x nodes in this band
+    const long long in_band = g - band * band_points;
+    const long long row = in_band / ns, k = in_band - row * ns;
+    const long long jm = row / height, ix = band * BAND + row % height;
+    return (ix * nmu + jm) * ns + k;
 }
 
 __device__ __forceinline__ Problem load_problem(const real* params, const real* gx, const real* gmu, const real* gs,
@@ -175,11 +198,12 @@ __device__ __forceinline__ Problem load_problem(const real* params, const real* 
 // small float64 spills. Same arithmetic; the 256^3 optimal solve 5.73 -> 5.23 s on an H200 (bench/RESULTS.md).
 extern "C" __global__ void __launch_bounds__(128, 8) dc_evaluate(const real* params, const real* gx, const real* gmu, const real* gs,
                                        const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
-                                       long long first, long long count,
+                                       long long first, long long count, int banded,
                                        const real* __restrict__ V, const real* __restrict__ U,
                                        real* __restrict__ V_out) {
-    const long long p = first + (long long)blockDim.x * blockIdx.x + threadIdx.x;  // flat point (C order)
-    if (p >= first + count) return;
+    const long long rank = (long long)blockDim.x * blockIdx.x + threadIdx.x;
+    if (rank >= count) return;
+    const long long p = point_of(rank, first, banded, nx, nmu, ns);  // flat point (C order)
     const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V);
     const int ks = (int)(p % ns);
     const int jm = (int)((p / ns) % nmu);
@@ -189,11 +213,12 @@ extern "C" __global__ void __launch_bounds__(128, 8) dc_evaluate(const real* par
 
 extern "C" __global__ void __launch_bounds__(128, 6) dc_improve(const real* params, const real* gx, const real* gmu, const real* gs,
                                       const real* qz, const real* qw, int nq, int nx, int nmu, int ns,
-                                      long long first, long long count,
+                                      long long first, long long count, int banded,
                                       const real* __restrict__ V, const real* __restrict__ U_prev, int has_prev,
                                       int n_scan, int n_golden, real* __restrict__ V_out, real* __restrict__ U_out) {
-    const long long p = first + (long long)blockDim.x * blockIdx.x + threadIdx.x;  // flat point (C order)
-    if (p >= first + count) return;
+    const long long rank = (long long)blockDim.x * blockIdx.x + threadIdx.x;
+    if (rank >= count) return;
+    const long long p = point_of(rank, first, banded, nx, nmu, ns);  // flat point (C order)
     const Problem P = load_problem(params, gx, gmu, gs, qz, qw, nq, nx, nmu, ns, V);
     const Model& m = P.m;
     const int ks = (int)(p % ns);
@@ -261,7 +286,24 @@ extern "C" __global__ void dc_locate(const real* axis_params, const real* nodes,
     const long long p = (long long)blockDim.x * blockIdx.x + threadIdx.x;
     if (p >= count) return;
     const Axis a = load_axis(axis_params, nodes, n);
-    real w;
-    index[p] = locate(a, values[p], w);
+    real w, width;
+    index[p] = locate(a, values[p], w, width);
     weight[p] = w;
+}
+
+// The QUADRATIC layout's (V, V_xx) pairs in one pass (one thread a point; `plane` = nmu * ns points an x node):
+// V_xx is grid.x_curvature's three-point second difference in x on the non-uniform nodes, the end planes taking
+// their neighbour's, in the same expressions as the NumPy twin (equal bits). Needs nx >= 3.
+extern "C" __global__ void dc_pair(const real* __restrict__ V, const real* __restrict__ gx, int nx, long long plane,
+                                   real* __restrict__ out) {
+    const long long p = (long long)blockDim.x * blockIdx.x + threadIdx.x;
+    if (p >= (long long)nx * plane) return;
+    const int ix = (int)(p / plane);
+    const int c = min(max(ix, 1), nx - 2);                // the inner x node whose difference this plane takes
+    const long long q = p + (long long)(c - ix) * plane;  // the same (mu, Sigma) point on plane c
+    const real h_left = gx[c] - gx[c - 1], h_right = gx[c + 1] - gx[c];
+    const real slope_left = (V[q] - V[q - plane]) / h_left;
+    const real slope_right = (V[q + plane] - V[q]) / h_right;
+    out[2 * p] = V[p];
+    out[2 * p + 1] = (real)2 * (slope_right - slope_left) / (h_right + h_left);
 }

@@ -29,13 +29,23 @@ from kernels.backend import is_numpy
 from kernels.dualcontrol.grid import StateGrid, interpolate, x_curvature
 from kernels.dualcontrol.minimize import INVERSE_GOLDEN_RATIO, golden_section_minimise
 from kernels.dualcontrol.model import ModelParams, inert_bounds, inert_value, myopic_policy
-from kernels.dualcontrol.quadrature import normal_quadrature
+from kernels.dualcontrol.quadrature import NEGLIGIBLE_WEIGHT, normal_quadrature
+
+# x nodes of a band of the kernels' banded point order (bellman.cu point_of): 8, 16 and 32 measured alike at 256^3.
+BAND = 16
 
 
 def kernel_defines(dtype: Any, quadratic: bool = False) -> dict[str, cuda.DefineValue]:
     """The defines bellman.cu is compiled with for arrays of ``dtype`` (float64 or float32); ``quadratic``: the
     values come as (V, d2V/dx2) pairs (quadratic interpolation in x)."""
-    return {**cuda.real_define(dtype), "INVERSE_GOLDEN_RATIO": INVERSE_GOLDEN_RATIO, "QUADRATIC": quadratic}
+    return {**cuda.real_define(dtype), "INVERSE_GOLDEN_RATIO": INVERSE_GOLDEN_RATIO, "QUADRATIC": quadratic,
+            "BAND": BAND}
+
+
+def band_points(shape: tuple[int, int, int]) -> int:
+    """Grid points of one full band of the banded order (a slab that starts and ends on multiples of it, or at
+    the grid's end, runs banded)."""
+    return BAND * shape[1] * shape[2]
 
 
 # Both precisions the job kind offers (``precision``: float64, float32), with and without the quadratic
@@ -86,7 +96,8 @@ class ArrayBellman:
         self._curvature_of: Any = None  # the values array whose x curvature is cached (quadratic interpolation)
         self._curvature: Any = None
         self.minimiser = minimiser or MinimiserSettings()
-        z, w = normal_quadrature(quadrature_nodes)
+        # The outermost nodes of a many-node rule weigh less than float64 resolves (the kernels' cost is per node)
+        z, w = normal_quadrature(quadrature_nodes, drop_below=NEGLIGIBLE_WEIGHT)
         self.quad_z = xp.asarray(z, dtype=self.dtype)
         self.quad_w = xp.asarray(w, dtype=self.dtype)
         self.nodes = grid.node_arrays(xp, self.dtype)
@@ -210,6 +221,7 @@ class CudaBellman(ArrayBellman):
         defines = kernel_defines(self.dtype, self.interpolation == "quadratic")
         self._evaluate = cuda.function(_SOURCE, "dc_evaluate", defines)
         self._improve = cuda.function(_SOURCE, "dc_improve", defines)
+        self._pair = cuda.function(_SOURCE, "dc_pair", defines)
         self._paired_of: Any = None  # the values array whose (V, d2V/dx2) pairs are cached (quadratic)
         self._paired: Any = None
         self.n_points = int(np.prod(self.grid.shape))
@@ -217,6 +229,9 @@ class CudaBellman(ArrayBellman):
         first, count = self.point_range
         if first < 0 or count < 1 or first + count > self.n_points:
             raise ValueError(f"point_range {self.point_range} is not a range of the grid's {self.n_points} points")
+        band = band_points(self.grid.shape)
+        stop = first + count
+        self._banded = first % band == 0 and (stop % band == 0 or stop == self.n_points)
 
     def _common_args(self) -> tuple[Any, ...]:
         nx, n_mu, n_s = self.grid.shape
@@ -231,6 +246,7 @@ class CudaBellman(ArrayBellman):
             np.int32(n_s),
             np.int64(self.point_range[0]),
             np.int64(self.point_range[1]),
+            np.int32(self._banded),
         )
 
     def _launch_shape(self) -> tuple[tuple[int], tuple[int]]:
@@ -252,8 +268,13 @@ class CudaBellman(ArrayBellman):
         if self._paired_of is not values:
             xp = self.xp
             paired = xp.empty((*values.shape, 2), dtype=self.dtype)
-            paired[..., 0] = values
-            paired[..., 1] = x_curvature(values, self.nodes[0], xp)
+            nx, plane = values.shape[0], values.shape[1] * values.shape[2]
+            if nx >= 3:  # dc_pair: one pass (x_curvature's arrays cost a sweep a few milliseconds at 256^3)
+                self._pair(((values.size + self.block - 1) // self.block,), (self.block,),
+                           (values, self.nodes[0], np.int32(nx), np.int64(plane), paired))
+            else:
+                paired[..., 0] = values
+                paired[..., 1] = x_curvature(values, self.nodes[0], xp)
             self._paired, self._paired_of = paired, values
         return self._paired
 

@@ -1,10 +1,12 @@
 """One dual-control solve's Bellman sweeps spread over several GPUs of one host (issue 19).
 
-The grid's flat points (C order, x slowest) are cut into contiguous slabs, one per device (sizes differ by at
-most one point; a slab need not hold whole x planes). Every device holds the whole value array, since a
-point's quadrature nodes land anywhere in the grid, and computes ``Q`` (a policy sweep) or ``min_u Q`` (a
-Bellman sweep) at its own slab's points only, with the single-device kernels of ``bellman.cu`` launched over
-those points (``CudaBellman(point_range=...)``); the slabs are then copied into the home device's output.
+The grid's flat points (C order, x slowest) are cut into contiguous slabs, one per device, at the boundaries of
+the kernels' point bands (bellman.band_points: 16 x planes; sizes differ by at most one band), or at any point
+on a grid of fewer bands than devices (sizes one point apart; the kernels then take the points in plain order).
+Every device holds the whole value array, since a point's quadrature nodes land anywhere in the grid, and
+computes ``Q`` (a policy sweep) or ``min_u Q`` (a Bellman sweep) at its own slab's points only, with the
+single-device kernels of ``bellman.cu`` launched over those points (``CudaBellman(point_range=...)``); the slabs
+are then copied into the home device's output.
 Every point's arithmetic is the single-device kernel's, so the result is the one-GPU result bit for bit,
 whatever the split (on GPUs of one model, which run the same compiled code).
 
@@ -32,7 +34,13 @@ from typing import Any
 import numpy as np
 
 from kernels.backend import is_numpy
-from kernels.dualcontrol.bellman import ArrayBellman, CudaBellman, Interpolation, MinimiserSettings
+from kernels.dualcontrol.bellman import (
+    ArrayBellman,
+    CudaBellman,
+    Interpolation,
+    MinimiserSettings,
+    band_points,
+)
 from kernels.dualcontrol.grid import StateGrid
 from kernels.dualcontrol.model import ModelParams
 
@@ -43,11 +51,16 @@ from kernels.dualcontrol.model import ModelParams
 MIN_POINTS_PER_GPU = 1 << 18
 
 
-def slab_bounds(n_points: int, slabs: int) -> list[tuple[int, int]]:
-    """``(first, count)`` of ``slabs`` contiguous slabs covering the flat points ``0 .. n_points - 1``."""
+def slab_bounds(n_points: int, slabs: int, unit: int = 1) -> list[tuple[int, int]]:
+    """``(first, count)`` of ``slabs`` contiguous slabs covering the flat points ``0 .. n_points - 1``, cut at
+    multiples of ``unit`` (bands of the kernels' banded order: bellman.band_points) while there are at least as
+    many units as slabs (sizes then differ by at most one unit), else at any point (by at most one point)."""
     if not 1 <= slabs <= n_points:
         raise ValueError(f"{n_points} grid points cannot be cut into {slabs} slabs (1 to {n_points})")
-    edges = [n_points * i // slabs for i in range(slabs + 1)]
+    units = -(-n_points // unit) if unit >= 1 else 0
+    if units < slabs:
+        units, unit = n_points, 1
+    edges = [min(n_points, (units * i // slabs) * unit) for i in range(slabs + 1)]
     return [(first, stop - first) for first, stop in pairwise(edges)]
 
 
@@ -138,7 +151,7 @@ class SlabBellman:
         slabs: int = 2,
     ) -> None:
         self.grid, self.xp, self.dtype = grid, xp, np.dtype(dtype)
-        bounds = slab_bounds(int(np.prod(grid.shape)), slabs)
+        bounds = slab_bounds(int(np.prod(grid.shape)), slabs, band_points(grid.shape))
         common = (model, grid, quadrature_nodes, xp, self.dtype, minimiser)
         if is_numpy(xp):
             self.devices: tuple[int, ...] = ()

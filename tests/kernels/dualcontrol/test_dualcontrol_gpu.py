@@ -64,6 +64,40 @@ def test_kernel_locator_picks_numpys_cell_on_and_beside_every_node(dtype: type) 
         np.testing.assert_allclose(to_host(weight), expected_weight, rtol=0, atol=4 * np.finfo(dtype).eps)
 
 
+@pytest.mark.parametrize("interpolation", ["trilinear", "quadratic"])
+def test_banded_and_plain_point_orders_compute_every_point_of_their_range_once(interpolation: str) -> None:
+    """The kernels take a range's points in the banded order (bellman.cu point_of) when it starts and ends on band
+    boundaries (the whole grid: 17 x nodes are a band of 16 and one of 1), in plain order otherwise: either way
+    each point of the range gets its own Q, the whole sweep's bit for bit."""
+    cp = get_namespace("gpu")
+    band = 16 * GRID.shape[1] * GRID.shape[2]
+    total = int(np.prod(GRID.shape))
+    rng = _fresh_rng()
+    values = cp.asarray(rng.uniform(5.0, 50.0, GRID.shape))
+    controls = cp.asarray(rng.normal(0.0, 2.0, GRID.shape))
+    whole = to_host(CudaBellman(MODEL, GRID, 16, cp, interpolation=interpolation).evaluate(values, controls))  # type: ignore[arg-type]
+    for first, count in ((0, total), (band, total - band), (0, band), (5, band), (band - 3, 40)):
+        operator = CudaBellman(MODEL, GRID, 16, cp, interpolation=interpolation, point_range=(first, count))  # type: ignore[arg-type]
+        assert operator._banded == (first % band == 0 and (first + count) in (band, total))
+        got = to_host(operator.evaluate(values, controls)).reshape(-1)
+        np.testing.assert_array_equal(got[first : first + count], whole.reshape(-1)[first : first + count])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_pair_kernel_gives_numpys_curvature_bit_for_bit(dtype: type) -> None:
+    """dc_pair's (V, V_xx) pairs = V and grid.x_curvature's second differences, to the bit (the same expressions),
+    on the non-uniform x nodes, end planes included."""
+    from kernels.dualcontrol.grid import x_curvature
+
+    cp = get_namespace("gpu")
+    operator = CudaBellman(MODEL, GRID, 16, cp, dtype=dtype, interpolation="quadratic")  # type: ignore[arg-type]
+    values = _fresh_rng().uniform(5.0, 50.0, GRID.shape).astype(dtype)
+    paired = to_host(operator._values_arg(cp.asarray(values)))
+    assert paired.shape == (*GRID.shape, 2) and paired.dtype == dtype
+    np.testing.assert_array_equal(paired[..., 0], values)
+    np.testing.assert_array_equal(paired[..., 1], x_curvature(values, GRID.x.nodes().astype(dtype), np))
+
+
 def _fresh_rng() -> np.random.Generator:
     return np.random.default_rng()  # fresh inputs each run; a failure prints the values it saw
 

@@ -13,7 +13,7 @@ from kernels.dualcontrol.model import (
     myopic_policy,
     one_period_loss,
 )
-from kernels.dualcontrol.quadrature import normal_quadrature
+from kernels.dualcontrol.quadrature import NEGLIGIBLE_WEIGHT, normal_quadrature
 
 MODEL = ModelParams(alpha=0.3, gamma=0.6, sigma_eps=0.8, delta=0.9, omega=0.5, xbar=1.0, ubar=0.2)
 
@@ -24,6 +24,25 @@ def test_quadrature_integrates_normal_moments() -> None:
     # E Z^2k = (2k-1)!!, exact for degree <= 19.
     for power, moment in ((1, 0.0), (2, 1.0), (4, 3.0), (6, 15.0), (8, 105.0)):
         assert (w * z**power).sum() == pytest.approx(moment, abs=1e-10)
+
+
+@pytest.mark.parametrize(("nodes", "kept"), [(16, 16), (32, 28), (64, 44)])
+def test_dropping_negligible_nodes_keeps_the_rule_to_float64_resolution(nodes: int, kept: int) -> None:
+    """The operators drop the outermost nodes of weight < 2^-60 (1e-18 of the weight at 32 nodes): the others keep
+    their weights, and the expectation of values of one magnitude (a value function's: bounded, here between 1
+    and 99) moves by no more than rounding."""
+    z_all, w_all = normal_quadrature(nodes)
+    z, w = normal_quadrature(nodes, drop_below=NEGLIGIBLE_WEIGHT)
+    kept_mask = np.isin(z_all, z)
+    assert z.size == kept and kept_mask.sum() == kept
+    np.testing.assert_array_equal(w, w_all[kept_mask])
+    assert kept == nodes or np.abs(z_all[~kept_mask]).min() > np.abs(z).max()  # the outermost went
+    assert w_all[~kept_mask].sum() < 2e-18
+    rng = np.random.default_rng(nodes)
+    for a, b, c in rng.uniform(-1.0, 1.0, (20, 3)):
+        kept_sum = (w * (50.0 + 49.0 * np.sin(a * z + b) * np.cos(c * z))).sum()
+        full_sum = (w_all * (50.0 + 49.0 * np.sin(a * z_all + b) * np.cos(c * z_all))).sum()
+        assert kept_sum == pytest.approx(full_sum, rel=4e-16)
 
 
 @pytest.mark.parametrize("model", [MODEL, ModelParams(-0.5, -0.8, 1.3, 0.97, 0.0, -2.0, 1.0)])

@@ -43,6 +43,22 @@ def test_slab_bounds_cover_the_points_once_in_order_with_sizes_one_apart() -> No
     with pytest.raises(ValueError, match="cannot be cut into 8 slabs"):
         slab_bounds(7, 8)
     with pytest.raises(ValueError, match="cannot be cut into 0 slabs"):
+        slab_bounds(7, 0, unit=3)
+
+
+def test_slab_bounds_cut_at_band_boundaries_while_there_are_enough_bands() -> None:
+    # 17 x nodes in bands of 16 over 14 x 11 (mu, Sigma): 2 bands, the second of one x plane
+    band = 16 * 14 * 11
+    assert slab_bounds(17 * 14 * 11, 2, band) == [(0, band), (band, 14 * 11)]
+    for n_bands, slabs in ((16, 2), (16, 3), (17, 4), (5, 5)):
+        bounds = slab_bounds(n_bands * 1000 - 7, slabs, 1000)  # the last band short
+        assert all(first % 1000 == 0 for first, _ in bounds) and bounds[0][0] == 0
+        assert all(first + count == nxt for (first, count), (nxt, _) in pairwise(bounds))
+        assert bounds[-1][0] + bounds[-1][1] == n_bands * 1000 - 7
+        assert max(-(-c // 1000) for _, c in bounds) - min(c // 1000 for _, c in bounds) <= 1
+    # fewer bands than slabs: cut anywhere, sizes one point apart
+    assert slab_bounds(2 * 1000, 3, 1000) == slab_bounds(2 * 1000, 3)
+    with pytest.raises(ValueError, match="cannot be cut into 0 slabs"):
         slab_bounds(7, 0)
 
 

@@ -26,9 +26,10 @@ for section in $SECTIONS; do
       timeout 120 python3 bench/ks_bench.py panel --n-agents 100000000 --periods 1000 --interpolation catmull_rom \
         --repeats 2 --gpus "$g" | tail -1
     done
-    echo "== KS solve N = 10^8 (job) on all GPUs =="
-    g=${COUNTS##* }
-    timeout 150 python3 bench/ks_bench.py job --repeats 0 --spec "{\"k_grid\": {\"size\": 500}, \"K_grid\": {\"size\": 50}, \"n_agents\": 100000000, \"coarse_agents\": 100000, \"alm_update\": \"anderson\", \"gpus\": $g}" | tail -1 ;;
+    echo "== KS solve N = 10^8 (job) on each GPU count: $COUNTS =="
+    for g in $COUNTS; do
+      timeout 150 python3 bench/ks_bench.py job --repeats 0 --spec "{\"k_grid\": {\"size\": 500}, \"K_grid\": {\"size\": 50}, \"n_agents\": 100000000, \"coarse_agents\": 100000, \"alm_update\": \"anderson\", \"gpus\": $g}" | tail -1
+    done ;;
   dc)
     echo "== dual control GPU tests (kernels, slabs over the GPUs) =="
     timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfEs --timeout 200 -m gpu \

@@ -261,6 +261,8 @@ def main() -> None:
         rows.append((workers, seconds, chunk_count(job, workers), result.get("device"),
                      difference(comparable, baseline)))
         print(f"{workers} worker(s): {seconds:.3f} s, {rows[-1][-1]}", file=sys.stderr, flush=True)
+        # Where the seconds went (a fanned-out job sums its chunks' and its finish's stages)
+        print(f"{workers} worker(s) stages: {json.dumps(result.get('timings'))}", file=sys.stderr, flush=True)
 
     first_workers, first_seconds = rows[0][0], rows[0][1]
     print(f"\nDate {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}; "

@@ -148,21 +148,23 @@ extern "C" __global__ void sccs_update(
     sums[(long long)r * n_cases + c] += (real)change;
 }
 
-// The paper's convergence criterion per replicate r = blockIdx.y: the block partials of sum_k c |eta_k -
-// eta_start_k| and of sum_k c |eta_k|, written to partial[2r, blockIdx.x] and partial[2r + 1, blockIdx.x] (a
+// The paper's convergence criterion per replicate r = blockIdx.y (0 for a row not active): the block partials of
+// sum_k c |eta_k - eta_start_k| and of sum_k c |eta_k|, written to partial[2r, blockIdx.x] and partial[2r + 1, blockIdx.x] (a
 // (2R, gridDim.x) array; fixed_sums.row_totals then adds each row in a fixed order: no atomics, so the criterion,
 // and the cycle a fit stops at, are the same on every run).
 extern "C" __global__ void sccs_xbeta_change(
     const real* __restrict__ eta, const real* __restrict__ eta_start, const long long* __restrict__ era_case,
-    const double* __restrict__ case_weights, const long long n_eras, const long long n_cases,
-    double* __restrict__ partial)
+    const double* __restrict__ case_weights, const int* __restrict__ active, const long long n_eras,
+    const long long n_cases, double* __restrict__ partial)
 {
     __shared__ double sg[BLOCK];
     __shared__ double sh[BLOCK];
     const int r = blockIdx.y;
     double change = 0.0, size = 0.0;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n_eras; k += stride) {
+    // A frozen or unused row's criterion is not read: its blocks write 0 without reading its eras.
+    const long long n_read = active[r] ? n_eras : 0;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n_read; k += stride) {
         const double c = case_weights[(long long)r * n_cases + era_case[k]];
         const double e = (double)eta[(long long)r * n_eras + k];
         change += c * fabs(e - (double)eta_start[(long long)r * n_eras + k]);

@@ -19,14 +19,14 @@ in the chord's callback (``worker/fanout.py``).
 
 Why the result is the single run's bit for bit: a fit depends only on its own case weights, start and variance,
 never on the other members of its batch. On NumPy the batch is a loop of independent fits. On the GPU every
-kernel of the batch engine works row by row, but the case numerators are one sparse product over the whole batch
-and CuPy's library calls may choose their algorithm by the batch's size; so on the GPU a chunk hands the engine
-the single run's batch, its own fits in the rows the single run gives them and *empty* fits (case weights 0,
-start 0: converged in their first cycle, frozen, dropped) in the others (:func:`placed`). The fits then meet the
-same engine capacity, batch size and row as in the single run. Chunks must run on the kind of device the lead
-ran on (NumPy's bits are not a GPU's). On the GPU the equality also needs the single run to give the same bits
-twice, which its sums by CuPy's ``bincount`` (``atomicAdd``) do not promise: ``tests/kernels/sccs/
-test_sccs_chunks.py`` has a GPU test of each premise.
+kernel of the batch engine works row by row and adds in a fixed order (``kernels/sccs/gpu.py``: per-row block
+partials, per-(column, row) numerators, no atomics), so a member gets the same bits alone, in any batch and at
+any capacity, and a chunk fits only its own members. (Before the engine's sums were made so, a chunk handed the
+engine the single run's whole batch, its fits in their rows and empty fits in the others, :func:`placed`: every
+chunk then paid for the whole batch's per-row work, and 4 GPUs were no faster than 2. ``in_place=True`` still
+does that, for the tests that show both give the single run's bits.) Chunks must run on the kind of device the
+lead ran on (NumPy's bits are not a GPU's). ``tests/kernels/sccs/test_sccs_chunks.py`` has a GPU test of each
+premise (the same bits twice; a member's bits whatever else is in its batch).
 
 Fits travel through the database as JSON: arrays as their IEEE bytes in base64 (``array_to_json``) and scalars
 as exact hexadecimal text (``float.hex``), so no bit is lost.
@@ -173,21 +173,22 @@ def _chunk_progress(ctx: RunContext, stage: str, fits: int) -> ccd.CycleCallback
     return report
 
 
-def _in_place(xp: ModuleType, in_place: bool | None) -> bool:
-    return not is_numpy(xp) if in_place is None else in_place
+def _in_place(in_place: bool | None) -> bool:
+    return bool(in_place)  # default: a chunk fits only its own members (see the module docstring)
 
 
 def cross_validation_fits(
     params: SccsParams, fit_plan: FitPlan, folds: range, in_place: bool | None = None
 ) -> crossval.FoldFits:
-    """The fits of ``folds`` over the grid, in the single run's batches (all folds of one variance). ``in_place``
-    (default: on the GPU): every batch is the single run's, these folds in their rows (:func:`placed`)."""
+    """The fits of ``folds`` over the grid, a batch of these folds per variance. ``in_place`` (tests): every batch
+    is the single run's, these folds in their rows (:func:`placed`)."""
     spec = params.cross_validation
     assert spec is not None
     grid = crossval.variance_grid(spec.variances())
-    fitter = fit_plan.fitter(spec.folds)
-    if _in_place(fit_plan.ctx.xp, in_place):
-        fitter = placed(fitter, spec.folds, np.arange(folds.start, folds.stop))
+    if _in_place(in_place):
+        fitter = placed(fit_plan.fitter(spec.folds), spec.folds, np.arange(folds.start, folds.stop))
+    else:
+        fitter = fit_plan.fitter(len(folds))
     with fit_plan.ctx.stage("cross_validation"):
         return crossval.fold_fits(
             fit_plan.data,
@@ -208,12 +209,13 @@ def bootstrap_fits(
     beta_hat: np.ndarray,
     in_place: bool | None = None,
 ) -> boot.ReplicateFits:
-    """The refits of ``replicates`` from ``beta_hat``, in the single run's batches of ``batch``. ``in_place``
-    (default: on the GPU): every batch is the single run's, these replicates in their rows (:func:`placed`)."""
+    """The refits of ``replicates`` from ``beta_hat``, in the single run's batches of ``batch`` (only these
+    replicates of each). ``in_place`` (tests): every batch is the single run's, these replicates in their rows
+    (:func:`placed`)."""
     spec = params.bootstrap
     assert spec is not None
     fitter = fit_plan.fitter(batch)
-    keep_places = _in_place(fit_plan.ctx.xp, in_place)
+    keep_places = _in_place(in_place)
 
     def fitter_at(size: int, rows: np.ndarray) -> ccd.BatchFitter:
         return placed(fitter, size, rows) if keep_places else fitter

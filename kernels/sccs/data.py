@@ -35,6 +35,12 @@ from kernels.sccs.transfer import to_device
 DRUG_HASH_STREAM = rng.STREAMS["SCCS_ERAS_DRUG_HASH"]
 CASE_HASH_STREAM = rng.STREAMS["SCCS_ERAS_CASE_HASH"]
 
+# Integer ids spanning fewer than this many times their count are looked up in a dense table of the span (a
+# scatter and a gather, exact) instead of a binary search or a sort: the table is at most twice their memory.
+_DENSE_SPAN_FACTOR = 2
+# Columns numbered in 16 bits: sorted by a (stable) radix sort.
+_RADIX_COLUMNS = 1 << 16
+
 _DESIGN_ARRAYS = (
     "era_case", "era_length", "era_events", "case_events", "col_ptr", "col_rows", "col_values",
     "touched_col_ptr", "touched_case", "touched_ptr", "nnz_touched",
@@ -152,10 +158,21 @@ def from_coo(
     nz_col = xp.asarray(nz_col, dtype=xp.int64)
     nz_value = xp.asarray(nz_value, dtype=xp.float64)
     # Sort nonzeros by (column, era): eras are sorted by case, so each column's nonzeros come grouped by case.
-    order = xp.argsort(nz_col * max(n_eras, 1) + nz_era)
-    col_rows = nz_era[order]
-    col_sorted = nz_col[order]
-    col_values = nz_value[order]
+    key = nz_col * max(n_eras, 1) + nz_era
+    if _strictly_increasing(xp, key):
+        # Given in that order already (tables written column by column): the keys are unique, so the sort's
+        # order is the identity and the arrays are used as given (contiguous for the GPU's kernels), not gathered.
+        col_rows, col_sorted, col_values = (xp.ascontiguousarray(a) for a in (nz_era, nz_col, nz_value))
+    else:
+        if n_covariates <= _RADIX_COLUMNS and _non_decreasing(xp, nz_era):
+            # Given era by era (tables written row by row, as sccs_eras writes them): a stable sort by column
+            # alone gives the one order of the unique keys, and on 16-bit column numbers it is a radix sort.
+            order = xp.argsort(nz_col.astype(xp.uint16), kind="stable")
+        else:
+            order = xp.argsort(key)
+        col_rows = nz_era[order]
+        col_sorted = nz_col[order]
+        col_values = nz_value[order]
     counts = xp.bincount(col_sorted, minlength=n_covariates)
     col_ptr = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.cumsum(counts)]).astype(xp.int64)
 
@@ -222,8 +239,44 @@ def _has_duplicates(xp: ModuleType, values: Any) -> bool:
     return bool(xp.any(ordered[1:] == ordered[:-1]))
 
 
+def _strictly_increasing(xp: ModuleType, values: Any) -> bool:
+    """Whether every element is larger than the one before (then no value repeats, and a sort is the identity)."""
+    return bool(xp.all(values[1:] > values[:-1]))
+
+
+def _non_decreasing(xp: ModuleType, values: Any) -> bool:
+    return bool(xp.all(values[1:] >= values[:-1]))
+
+
+def _dense_span(values: Any) -> tuple[int, int] | None:
+    """The smallest and largest value of a non-empty integer array whose values span few enough integers for a
+    dense table (``_DENSE_SPAN_FACTOR``); None otherwise."""
+    if values.shape[0] == 0:
+        return None
+    first, last = int(values.min()), int(values.max())
+    return (first, last) if last - first < _DENSE_SPAN_FACTOR * values.shape[0] else None
+
+
+def _positions_in(xp: ModuleType, keys: Any, first: int, last: int, queries: Any) -> tuple[Any, Any]:
+    """Each query's position in ``keys`` (unique integers in ``[first, last]``) read from a dense table of that
+    span, and whether the query is one of the keys."""
+    table = xp.full(last - first + 1, -1, dtype=xp.int64)
+    table[keys - first] = xp.arange(keys.shape[0], dtype=xp.int64)
+    inside = (queries >= first) & (queries <= last)
+    position = table[xp.where(inside, queries - first, 0)]  # outside the span: any slot, then marked not found
+    return position, inside & (position >= 0)
+
+
 def _unique_with_inverse(xp: ModuleType, values: Any) -> tuple[Any, Any]:
-    """``np.unique(values, return_inverse=True)`` of an integer array, by one stable sort on either backend."""
+    """``np.unique(values, return_inverse=True)`` of an integer array on either backend: from a dense table of
+    the values present when they span few integers (covariate ids 1..J), else by one stable sort."""
+    span = _dense_span(values)
+    if span is not None:  # one scatter, one count and one gather instead of a sort of every entry
+        offset = values - span[0]
+        present = xp.zeros(span[1] - span[0] + 1, dtype=bool)
+        present[offset] = True
+        rank = (xp.cumsum(present) - 1).astype(xp.int64, copy=False)
+        return (xp.flatnonzero(present) + span[0]).astype(values.dtype, copy=False), rank[offset]
     order = xp.argsort(values, kind="stable")
     ordered = values[order]
     starts = _run_starts(xp, ordered)
@@ -260,6 +313,11 @@ def _validated_tables(xp: ModuleType, row_id: Any, stratum_id: Any, time: Any, y
     return tables
 
 
+def _kept(values: Any, keep: Any, everything: bool) -> Any:
+    """``values[keep]``; ``values`` itself when ``keep`` is all True (``everything``)."""
+    return values if everything else values[keep]
+
+
 def _era_positions(xp: ModuleType, tables: _Tables) -> tuple[Any, Any]:
     """The eras' order by (case, rowId), and each covariate entry's era position in that order.
 
@@ -270,14 +328,21 @@ def _era_positions(xp: ModuleType, tables: _Tables) -> tuple[Any, Any]:
     if bool(xp.any(sorted_rows[1:] == sorted_rows[:-1])):
         raise ValueError("outcomes.rowId must be unique")
     era_order = by_row[xp.argsort(tables.stratum_id[by_row], kind="stable")]
-    era_of_row = xp.empty(era_order.shape[0], dtype=xp.int64)
-    era_of_row[era_order] = xp.arange(era_order.shape[0], dtype=xp.int64)  # row (table position) -> era position
-    position = xp.minimum(xp.searchsorted(sorted_rows, tables.cov_row_id), sorted_rows.size - 1)
-    found = sorted_rows[position] == tables.cov_row_id
+    first, last = int(sorted_rows[0]), int(sorted_rows[-1])
+    if last - first < _DENSE_SPAN_FACTOR * sorted_rows.size:
+        # Row ids of a small span (Cyclops numbers them 1..K): a dense table of the rows in era order gives each
+        # entry's era directly; the binary search below is most of a host build at the paper's sizes.
+        cov_era, found = _positions_in(xp, tables.row_id[era_order], first, last, tables.cov_row_id)
+    else:
+        era_of_row = xp.empty(era_order.shape[0], dtype=xp.int64)
+        era_of_row[era_order] = xp.arange(era_order.shape[0], dtype=xp.int64)  # row (table position) -> era
+        position = xp.minimum(xp.searchsorted(sorted_rows, tables.cov_row_id), sorted_rows.size - 1)
+        found = sorted_rows[position] == tables.cov_row_id
+        cov_era = era_of_row[by_row[position]]
     if not bool(xp.all(found)):
         missing = tables.cov_row_id[~found][:5].tolist()
         raise ValueError(f"covariates.rowId values not present in outcomes.rowId, e.g. {missing}")
-    return era_order, era_of_row[by_row[position]]
+    return era_order, cov_era
 
 
 def build_from_tables(
@@ -309,22 +374,31 @@ def build_from_tables(
     events_per_case = xp.bincount(case_of_era, weights=tables.y[era_order], minlength=unique_strata.size)
     keep_case = events_per_case > 0
     keep_era = keep_case[case_of_era]
-    new_case_number = xp.cumsum(keep_case) - 1
-    new_era_number = xp.cumsum(keep_era) - 1
 
     covariate_ids, cov_col = _unique_with_inverse(xp, tables.cov_id)
     pair_key = cov_era.astype(xp.int64) * max(covariate_ids.size, 1) + cov_col
-    if _has_duplicates(xp, pair_key):
+    # Entries listed row by row (sccs_eras writes them so) or column by column (Cyclops', the synthetic tables)
+    # have increasing keys in that order: then no pair repeats and the sort that looks for a repeat is skipped.
+    listed_in_order = _strictly_increasing(xp, pair_key) or _strictly_increasing(
+        xp, cov_col * max(tables.row_id.size, 1) + cov_era)
+    if not listed_in_order and _has_duplicates(xp, pair_key):
         raise ValueError("covariates has duplicate (rowId, covariateId) pairs")
     keep_entry = keep_era[cov_era] & (tables.cov_value != 0.0)
+    # Usually every case has an event and no value is 0: then nothing is dropped, the renumbering of the kept
+    # cases and eras is the identity, and the arrays go on without it and without the masked copies.
+    every_era, every_entry = bool(xp.all(keep_era)), bool(xp.all(keep_entry))
+    era_case, nz_era = case_of_era, _kept(cov_era, keep_entry, every_entry)
+    if not every_era:  # the kept cases and eras numbered 0, 1, ...
+        era_case = (xp.cumsum(keep_case) - 1)[case_of_era[keep_era]]
+        nz_era = (xp.cumsum(keep_era) - 1)[nz_era]
 
     data = from_coo(
-        era_case=new_case_number[case_of_era[keep_era]],
-        era_length=tables.time[era_order][keep_era],
-        era_events=tables.y[era_order][keep_era],
-        nz_era=new_era_number[cov_era[keep_entry]],
-        nz_col=cov_col[keep_entry],
-        nz_value=tables.cov_value[keep_entry],
+        era_case=era_case,
+        era_length=_kept(tables.time[era_order], keep_era, every_era),
+        era_events=_kept(tables.y[era_order], keep_era, every_era),
+        nz_era=nz_era,
+        nz_col=_kept(cov_col, keep_entry, every_entry),
+        nz_value=_kept(tables.cov_value, keep_entry, every_entry),
         n_covariates=int(covariate_ids.size),
         covariate_ids=to_host(covariate_ids).astype(np.int64),
     )

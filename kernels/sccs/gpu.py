@@ -377,7 +377,7 @@ class BatchEngine:
         var[:count] = np.asarray(variances, dtype=np.float64) if self.prior.kind != "none" else 1.0
         self.variance[...] = cp.asarray(var)
         self._variance_host = var
-        self._set_up_case_state(betas)
+        self._set_up_case_state(betas, count)
         active = np.zeros(self.capacity, dtype=bool)
         active[:count] = True
         self.active[...] = cp.asarray(active.astype(np.int32))
@@ -398,8 +398,9 @@ class BatchEngine:
             self._held_values[held] = starts[held, fixed[held]]
         self.fixed[...] = self.cp.asarray(self._fixed_host.astype(np.int32))
 
-    def _set_up_case_state(self, betas: Any) -> None:
-        """``eta = X b``, ``w = L exp(eta)`` and the case sums ``S``, row by row.
+    def _set_up_case_state(self, betas: Any, count: int) -> None:
+        """``eta = X b``, ``w = L exp(eta)`` and the case sums ``S``, row by row, for the batch's ``count`` rows
+        (the rows beyond are inactive: no kernel reads their state with a nonzero weight or step).
 
         The (R, K) arrays are the batch's largest, so the only temporaries here are (K,) vectors and never an
         (R, K) float64 array (bytes_per_replicate counts the buffers alone). ``w`` is computed in float64 of
@@ -407,13 +408,13 @@ class BatchEngine:
         """
         cp, d = self.cp, self.data
         warm = to_host(cp.any(betas != 0.0, axis=1))
-        for r in range(self.capacity):
+        for r in range(count):
             if d.nnz and warm[r]:
                 self.eta[r] = model.linear_predictor(d, betas[r])
             else:  # cold start: X b = 0
                 self.eta[r] = 0.0
             self.w[r] = d.era_length * cp.exp(self.eta[r].astype(cp.float64))
-        for r in range(self.capacity):
+        for r in range(count):
             self.sums[r] = fixed_sums.case_sums(d, self.w[r]).astype(self.real)
 
     def _cycle_until_converged(
@@ -518,8 +519,8 @@ class BatchEngine:
         d = self.data
         self._kernels.xbeta_change(
             (self._xbeta_blocks, self.capacity), (BLOCK,),
-            (self.eta, self.eta_start, d.era_case, self.case_weights, np.int64(d.n_eras), np.int64(d.n_cases),
-             self.xbeta_partial),
+            (self.eta, self.eta_start, d.era_case, self.case_weights, self.active, np.int64(d.n_eras),
+             np.int64(d.n_cases), self.xbeta_partial),
         )
         out = to_host(fixed_sums.row_totals(self.xbeta_partial)).reshape(self.capacity, 2)
         return out[live, 0] / (1.0 + out[live, 1])

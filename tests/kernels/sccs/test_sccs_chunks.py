@@ -287,7 +287,7 @@ def test_arrays_and_fits_round_trip_through_json_exactly() -> None:
     ],
 )
 def test_chunked_gpu_run_equals_the_single_gpu_run_exactly(case: str) -> None:
-    """On the GPU the chunks keep their fits in the single run's batch rows (the default there)."""
+    """On the GPU each chunk fits only its own members (a batch of its folds or replicates), and in place too."""
     cp = pytest.importorskip("cupy")
     params, datasets = params_of(case), frames_of(case)
     single, single_progress = single_run(params, datasets, cp)
@@ -295,6 +295,9 @@ def test_chunked_gpu_run_equals_the_single_gpu_run_exactly(case: str) -> None:
         chunked, chunked_progress, _ = chunked_run(params, datasets, n_chunks, order_seed=n_chunks, xp=cp)
         assert chunked == single, n_chunks
         assert_same_artifacts(single_progress, chunked_progress)
+    placed, placed_progress, _ = chunked_run(params, datasets, 3, order_seed=5, xp=cp, in_place=True)
+    assert placed == single
+    assert_same_artifacts(single_progress, placed_progress)
 
 
 @pytest.mark.gpu
@@ -312,8 +315,8 @@ def test_a_gpu_sccs_fit_gives_the_same_bits_twice() -> None:
 
 @pytest.mark.gpu
 def test_gpu_member_bits_whatever_else_is_in_its_batch() -> None:
-    """Whether the GPU engine gives a member the same bits alone, in another batch, at another capacity. If it
-    does, chunks need not keep their fits in the single run's rows (they do anyway: ``placed``)."""
+    """The GPU engine gives a member the same bits alone, in another batch, at another capacity: what lets a
+    chunk fit only its own members (kernels/sccs/chunks.py)."""
     cp = pytest.importorskip("cupy")
     from kernels.sccs import gpu
 

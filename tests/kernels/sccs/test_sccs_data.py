@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kernels.backend import is_numpy, to_host
+from kernels.sccs import data as sccs_data
 from kernels.sccs import synthetic
 from kernels.sccs.data import IntervalTables, build_from_tables, eras_from_person_data
 
@@ -66,6 +67,8 @@ def test_case_index_matches_the_nonzeros() -> None:
         ("y", np.array([1.0, -1.0, 1.0, 0.0, 0.0, 1.0]), "non-negative integer"),
         ("row_id", np.array([5, 1, 1, 7, 8, 9]), "rowId must be unique"),
         ("cov_row_id", np.array([1, 2, 2, 7, 99]), "not present in outcomes"),
+        ("cov_row_id", np.array([1, 2, 2, 7, 3]), "not present in outcomes"),  # inside the rowIds' span
+        ("cov_row_id", np.array([0, 2, 2, 7, 9]), "not present in outcomes"),  # below it
         ("cov_id", np.array([100, 100, 100, 100, 200]), "duplicate"),
         ("cov_value", np.array([1.0, np.nan, 2.5, 1.0, 1.0]), "non-finite"),
         ("stratum_id", np.array([1.5, 10, 10, 20, 20, 30]), "integers"),
@@ -116,6 +119,64 @@ def test_build_gives_the_same_data_on_every_backend(xp: ModuleType) -> None:
         got, expected = to_host(getattr(built.data, name)), getattr(host.data, name)
         assert got.dtype == expected.dtype, name
         np.testing.assert_array_equal(got, expected, err_msg=name)
+
+
+def _shortcut_tables(entry_order: str, dropped: bool) -> dict[str, np.ndarray]:
+    """Synthetic tables (rowIds 0..K-1, covariateIds 1..J: dense spans) with the outcome rows shuffled and the
+    covariate entries by column (as written), by row (as sccs_eras writes them) or shuffled."""
+    t = synthetic.to_tables(synthetic.generate(np, 600, 15, seed=7).data)
+    g = np.random.default_rng(8)
+    rows = g.permutation(t.row_id.size)
+    y = t.y[rows] * (t.stratum_id[rows] % 9 != 0) if dropped else t.y[rows]
+    values = np.where(np.arange(t.cov_value.size) % 50 == 0, 0.0, 1.5) if dropped else t.cov_value
+    entries = {"by_column": np.arange(t.cov_row_id.size), "by_row": np.lexsort((t.cov_id, t.cov_row_id)),
+               "shuffled": g.permutation(t.cov_row_id.size)}[entry_order]
+    return {"row_id": t.row_id[rows], "stratum_id": t.stratum_id[rows], "time": t.time[rows], "y": y,
+            "cov_row_id": t.cov_row_id[entries], "cov_id": t.cov_id[entries], "cov_value": values[entries]}
+
+
+@pytest.mark.parametrize("dropped", [False, True])
+@pytest.mark.parametrize("entry_order", ["by_column", "by_row", "shuffled"])
+def test_build_shortcuts_give_the_general_paths_data(monkeypatch: pytest.MonkeyPatch, entry_order: str,
+                                                     dropped: bool, xp: ModuleType) -> None:
+    # The dense-table lookups of rowIds and covariateIds, the skipped duplicate sort and nonzero sort of entries
+    # listed in order, the radix sort of entries listed by row and the unmasked arrays when nothing is dropped
+    # must build (on either backend) exactly what the binary search and the sorts build on the host.
+    tables = _shortcut_tables(entry_order, dropped)
+    calls: dict[str, int] = {"_positions_in": 0, "_has_duplicates": 0}
+    for name in calls:
+        original = getattr(sccs_data, name)
+
+        def counted(*args: object, _name: str = name, _original: object = original) -> object:
+            calls[_name] += 1
+            return _original(*args)  # type: ignore[operator]
+
+        monkeypatch.setattr(sccs_data, name, counted)
+    fast = build_from_tables(**tables, xp=xp)
+    assert calls == {"_positions_in": 1, "_has_duplicates": int(entry_order == "shuffled")}
+    assert (fast.dropped_cases > 0) == dropped and fast.data.binary != dropped
+    monkeypatch.setattr(sccs_data, "_DENSE_SPAN_FACTOR", 0)  # binary search of rowIds, sort of covariateIds
+    monkeypatch.setattr(sccs_data, "_strictly_increasing", lambda xp, values: False)  # every sort runs
+    monkeypatch.setattr(sccs_data, "_non_decreasing", lambda xp, values: False)  # the comparison sort of entries
+    general = build_from_tables(**tables)
+    assert calls["_positions_in"] == 1 and calls["_has_duplicates"] == 1 + int(entry_order == "shuffled")
+    assert (fast.dropped_cases, fast.dropped_eras, fast.data.binary) == (general.dropped_cases, general.dropped_eras,
+                                                                         general.data.binary)
+    np.testing.assert_array_equal(fast.case_ids, general.case_ids)
+    for name in (*_DATA_ARRAYS, "covariate_ids"):
+        got, expected = getattr(fast.data, name), getattr(general.data, name)
+        assert got.dtype == expected.dtype and got.flags.c_contiguous, name  # contiguous: the GPU kernels' input
+        np.testing.assert_array_equal(to_host(got), expected, err_msg=name)
+
+
+@pytest.mark.parametrize("span", ["dense", "sparse"])
+def test_unique_with_inverse_is_numpys(span: str) -> None:
+    values = np.random.default_rng(9).integers(-40, 40, 500) * (1 if span == "dense" else 10**12)
+    unique, inverse = sccs_data._unique_with_inverse(np, values)
+    expected_unique, expected_inverse = np.unique(values, return_inverse=True)
+    assert unique.dtype == values.dtype and inverse.dtype == np.int64
+    np.testing.assert_array_equal(unique, expected_unique)
+    np.testing.assert_array_equal(inverse, expected_inverse)
 
 
 def test_design_matrix_is_built_once_and_is_x() -> None:

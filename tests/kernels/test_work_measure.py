@@ -30,8 +30,10 @@ def test_montecarlo_counts_observations_and_bootstrap_draws_per_replication() ->
 
 
 def test_dualcontrol_counts_one_bellman_sweep() -> None:
-    default = params("dualcontrol_solve")  # 64^3 states, 32 nodes, 8 scan points + 28 golden steps
-    assert job_work("dualcontrol_solve", default, {}).units == 64**3 * 32 * (8 + 28)
+    default = params("dualcontrol_solve")  # 64^3 states, 32 nodes, 8 scan points + 16 golden steps
+    assert job_work("dualcontrol_solve", default, {}).units == 64**3 * 32 * (8 + 16)
+    finer = params("dualcontrol_solve", minimizer={"golden_iterations": 28})
+    assert job_work("dualcontrol_solve", finer, {}).units == 64**3 * 32 * (8 + 28)
     myopic = params("dualcontrol_solve", policy="myopic", quadrature_nodes=16)
     assert job_work("dualcontrol_solve", myopic, {}).units == 64**3 * 16
 

@@ -9,7 +9,6 @@ Laplace prior ``nonzero_share`` is the share of replicates with a non-zero estim
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -63,16 +62,10 @@ class ReplicateFits:
     gradient_norm: np.ndarray  # (n,)
 
 
-# The batch fitter for the members ``rows`` of a batch of ``size`` replicates (the single run's batch): the
-# single run's is its one fitter whatever the rows; a fanned-out job's chunk puts its members in their place
-# (kernels/sccs/chunks.py).
-PlacedFitter = Callable[[int, np.ndarray], BatchFitter]
-
-
 def replicate_fits(
     xp: ModuleType,
     n_cases: int,
-    fitter_at: PlacedFitter,
+    fitter: BatchFitter,
     variance: float,
     beta_hat: np.ndarray,
     replicates: int,
@@ -82,8 +75,8 @@ def replicate_fits(
     on_cycle: CycleCallback | None = None,
 ) -> ReplicateFits:
     """The refits of replicates ``chosen`` (of ``replicates``), in the single run's batches of ``batch``
-    (replicates ``0 .. batch - 1``, ``batch .. 2 batch - 1``, ...): each batch the range meets is fitted with
-    ``fitter_at(its size, the rows of the chosen replicates in it)``.
+    (replicates ``0 .. batch - 1``, ``batch .. 2 batch - 1``, ...): of each batch the range meets, the chosen
+    replicates are fitted together (a fit's bits do not depend on the others of its batch).
 
     ``on_cycle(finished, cycle)`` runs after every cycle of every batch with the number of these refits
     finished so far (progress, and the cancel point: it may raise).
@@ -97,7 +90,6 @@ def replicate_fits(
         first, last = max(start, chosen.start), min(stop, chosen.stop)
         count = last - first
         weights = case_weights(xp, n_cases, first, count, seed)
-        fitter = fitter_at(stop - start, np.arange(first - start, last - start))
         results = fitter(np.full(count, variance), weights, np.tile(beta_hat, (count, 1)),
                          offset_callback(on_cycle, first - chosen.start))
         for row, result in enumerate(results):
@@ -134,5 +126,5 @@ def bootstrap(
     """
     if replicates < 2:
         raise ValueError("bootstrap needs at least 2 replicates")
-    return summarise(replicate_fits(xp, n_cases, lambda _size, _rows: fitter, variance, beta_hat, replicates,
+    return summarise(replicate_fits(xp, n_cases, fitter, variance, beta_hat, replicates,
                                     range(replicates), seed, chunk, on_cycle))

@@ -22,9 +22,8 @@ never on the other members of its batch. On NumPy the batch is a loop of indepen
 kernel of the batch engine works row by row and adds in a fixed order (``kernels/sccs/gpu.py``: per-row block
 partials, per-(column, row) numerators, no atomics), so a member gets the same bits alone, in any batch and at
 any capacity, and a chunk fits only its own members. (Before the engine's sums were made so, a chunk handed the
-engine the single run's whole batch, its fits in their rows and empty fits in the others, :func:`placed`: every
-chunk then paid for the whole batch's per-row work, and 4 GPUs were no faster than 2. ``in_place=True`` still
-does that, for the tests that show both give the single run's bits.) Chunks must run on the kind of device the
+engine the single run's whole batch, its fits in their rows and empty fits in the others: every chunk then paid
+for the whole batch's per-row work, and 4 GPUs were no faster than 2.) Chunks must run on the kind of device the
 lead ran on (NumPy's bits are not a GPU's). ``tests/kernels/sccs/test_sccs_chunks.py`` has a GPU test of each
 premise (the same bits twice; a member's bits whatever else is in its batch).
 
@@ -44,7 +43,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kernels.backend import array_namespace, is_numpy
+from kernels.backend import is_numpy
 from kernels.context import RunContext
 from kernels.ranges import even_ranges
 from kernels.sccs import bootstrap as boot
@@ -134,36 +133,6 @@ def lead(
 # -- a chunk ---------------------------------------------------------------------------------------------
 
 
-def placed(fitter: ccd.BatchFitter, size: int, rows: np.ndarray) -> ccd.BatchFitter:
-    """``fitter`` for the members ``rows`` of a batch of ``size``: it is handed the whole batch, these members
-    in their rows and empty fits (case weights 0, start 0, the members' variance) in the others, whose results
-    are dropped. An empty fit has no gradient: it converges in its first cycle and is frozen."""
-    rows = np.asarray(rows, dtype=np.int64)
-    if rows.size == size:
-        return fitter
-    empty = size - rows.size
-
-    def fit_batch(
-        variances: np.ndarray, case_weights: Any, beta0: np.ndarray, on_cycle: ccd.CycleCallback | None
-    ) -> list[ccd.FitResult]:
-        xp = array_namespace(case_weights)  # the CV's weights are on the host, the bootstrap's on the device
-        weights = xp.zeros((size, case_weights.shape[1]), dtype=xp.float64)
-        weights[xp.asarray(rows)] = case_weights
-        starts = np.zeros((size, beta0.shape[1]))
-        starts[rows] = beta0
-        batch_variances = np.full(size, float(variances[0]))
-        batch_variances[rows] = variances
-
-        def report(finished: int, cycle: int) -> None:
-            assert on_cycle is not None
-            on_cycle(max(0, finished - empty), cycle)
-
-        results = fitter(batch_variances, weights, starts, report if on_cycle is not None else None)
-        return [results[row] for row in rows.tolist()]
-
-    return fit_batch
-
-
 def _chunk_progress(ctx: RunContext, stage: str, fits: int) -> ccd.CycleCallback:
     """The chunk's progress after every cycle (its cancel point and a warm shutdown's checkpoint)."""
 
@@ -173,22 +142,12 @@ def _chunk_progress(ctx: RunContext, stage: str, fits: int) -> ccd.CycleCallback
     return report
 
 
-def _in_place(in_place: bool | None) -> bool:
-    return bool(in_place)  # default: a chunk fits only its own members (see the module docstring)
-
-
-def cross_validation_fits(
-    params: SccsParams, fit_plan: FitPlan, folds: range, in_place: bool | None = None
-) -> crossval.FoldFits:
-    """The fits of ``folds`` over the grid, a batch of these folds per variance. ``in_place`` (tests): every batch
-    is the single run's, these folds in their rows (:func:`placed`)."""
+def cross_validation_fits(params: SccsParams, fit_plan: FitPlan, folds: range) -> crossval.FoldFits:
+    """The fits of ``folds`` over the grid, a batch of these folds per variance."""
     spec = params.cross_validation
     assert spec is not None
     grid = crossval.variance_grid(spec.variances())
-    if _in_place(in_place):
-        fitter = placed(fit_plan.fitter(spec.folds), spec.folds, np.arange(folds.start, folds.stop))
-    else:
-        fitter = fit_plan.fitter(len(folds))
+    fitter = fit_plan.fitter(len(folds))
     with fit_plan.ctx.stage("cross_validation"):
         return crossval.fold_fits(
             fit_plan.data,
@@ -202,29 +161,18 @@ def cross_validation_fits(
 
 
 def bootstrap_fits(
-    params: SccsParams,
-    fit_plan: FitPlan,
-    replicates: range,
-    batch: int,
-    beta_hat: np.ndarray,
-    in_place: bool | None = None,
+    params: SccsParams, fit_plan: FitPlan, replicates: range, batch: int, beta_hat: np.ndarray
 ) -> boot.ReplicateFits:
     """The refits of ``replicates`` from ``beta_hat``, in the single run's batches of ``batch`` (only these
-    replicates of each). ``in_place`` (tests): every batch is the single run's, these replicates in their rows
-    (:func:`placed`)."""
+    replicates of each)."""
     spec = params.bootstrap
     assert spec is not None
     fitter = fit_plan.fitter(batch)
-    keep_places = _in_place(in_place)
-
-    def fitter_at(size: int, rows: np.ndarray) -> ccd.BatchFitter:
-        return placed(fitter, size, rows) if keep_places else fitter
-
     with fit_plan.ctx.stage("bootstrap"):
         return boot.replicate_fits(
             fit_plan.ctx.xp,
             fit_plan.data.n_cases,
-            fitter_at,
+            fitter,
             params.prior.variance,
             beta_hat,
             spec.replicates,

@@ -77,15 +77,30 @@ def assert_stored_draws(job_id: str, expected: np.ndarray) -> None:
     assert stored.dtype == expected.dtype and stored.tobytes() == expected.tobytes()
 
 
-def test_a_fanned_out_bootstrap_gives_the_single_run_exactly(
-    stack_env: dict[str, str], start_worker: Callable[[], WorkerProcess], tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def reference() -> tuple[pd.DataFrame, dict[str, Any], np.ndarray]:
+    """The data, and the single run's result and draws (computed once for the module's stack tests)."""
     data = heteroskedastic_frame()
-    single, draws = single_run(data)
+    return data, *single_run(data)
+
+
+def fanned_out_job(
+    data: pd.DataFrame, stack_env: dict[str, str], start_worker: Callable[[], WorkerProcess], tmp_path: Path
+) -> tuple[list[WorkerProcess], str]:
+    """Two worker processes splitting every bootstrap of these sizes in two parts, and the job sent to them."""
     stack_env.update(GPUEST_FANOUT_MIN_BOOTSTRAP_WEIGHTS=MIN_WEIGHTS)
     workers = start_workers(stack_env, start_worker, 2, chunks=2)
     job_id = submit_test(upload(data, tmp_path), stack_env["GPUEST_QUEUE"])
     send(job_id, queue=stack_env["GPUEST_QUEUE"])
+    return workers, job_id
+
+
+def test_a_fanned_out_bootstrap_gives_the_single_run_exactly(
+    reference: tuple[pd.DataFrame, dict[str, Any], np.ndarray], stack_env: dict[str, str],
+    start_worker: Callable[[], WorkerProcess], tmp_path: Path,
+) -> None:
+    data, single, draws = reference
+    workers, job_id = fanned_out_job(data, stack_env, start_worker, tmp_path)
     job = finished(job_id)
     assert job.status == JobStatus.SUCCEEDED, (job.error, [w.output()[-3000:] for w in workers])
     assert comparable(job.result) == single
@@ -103,17 +118,14 @@ def test_a_fanned_out_bootstrap_gives_the_single_run_exactly(
 
 
 def test_a_part_whose_worker_is_killed_reruns_alone_and_the_test_is_unchanged(
-    stack_env: dict[str, str], start_worker: Callable[[], WorkerProcess], tmp_path: Path
+    reference: tuple[pd.DataFrame, dict[str, Any], np.ndarray], stack_env: dict[str, str],
+    start_worker: Callable[[], WorkerProcess], tmp_path: Path,
 ) -> None:
     # The sizes above: each part computes 5 draw chunks of about 0.6 s on NumPy and reports its progress after
     # each (at most every 0.5 s: 0.23, 0.41, 0.59, ...). A part seen below half done has at least 3 chunks, over
     # a second and a half, still to compute when its worker is killed (SIGKILL).
-    data = heteroskedastic_frame()
-    single, draws = single_run(data)
-    stack_env.update(GPUEST_FANOUT_MIN_BOOTSTRAP_WEIGHTS=MIN_WEIGHTS)
-    workers = start_workers(stack_env, start_worker, 2, chunks=2)
-    job_id = submit_test(upload(data, tmp_path), stack_env["GPUEST_QUEUE"])
-    send(job_id, queue=stack_env["GPUEST_QUEUE"])
+    data, single, draws = reference
+    workers, job_id = fanned_out_job(data, stack_env, start_worker, tmp_path)
 
     def running_part() -> Any:
         rows = [row for row in chunks_of(job_id) if row.status == JobStatus.RUNNING and 0 < row.progress < 0.5]

@@ -92,7 +92,6 @@ def chunked_run(
     n_chunks: int,
     order_seed: int,
     xp: Any = np,
-    in_place: bool | None = None,
 ) -> tuple[dict, LocalProgress, list[dict]]:
     """The job as a fan-out computes it: the lead, the chunks in a shuffled order, each in a context of its own,
     specs and outputs through JSON text, then the finish in a context of its own."""
@@ -102,23 +101,7 @@ def chunked_run(
     specs = json.loads(json.dumps(specs))
     stored: dict[int, str] = {}
     for index in random.Random(order_seed).sample(range(len(specs)), len(specs)):
-        spec = specs[index]
-        if in_place is None:
-            output = sccs_chunks.run(params, context(datasets, xp), spec)
-        else:  # the chunk's own computation, with the placement chosen
-            fit_plan = FitPlan.load(params, context(datasets, xp))
-            if spec["split"] == sccs_chunks.CROSS_VALIDATION:
-                fits = sccs_chunks.cross_validation_fits(params, fit_plan, range(*spec["folds"]), in_place)
-            else:
-                fits = sccs_chunks.bootstrap_fits(
-                    params,
-                    fit_plan,
-                    range(*spec["replicates"]),
-                    spec["batch"],
-                    sccs_chunks.array_from_json(spec["beta_hat"]),
-                    in_place,
-                )
-            output = sccs_chunks.fits_to_json(fits)
+        output = sccs_chunks.run(params, context(datasets, xp), specs[index])
         stored[index] = json.dumps(output)
     all_specs = [json.loads(json.dumps(lead_spec)), *specs]
     outputs = [json.loads(json.dumps(lead_output))] + [json.loads(stored[index]) for index in sorted(stored)]
@@ -165,17 +148,6 @@ def test_chunked_run_equals_the_single_run_exactly(case: str, n_chunks: int | st
     assert single["log_posterior"].hex() == chunked["log_posterior"].hex()
 
 
-@pytest.mark.parametrize("case", ["cv_normal_real_values_gradient", "bootstrap_laplace_with_diagnostics"])
-def test_fits_kept_in_their_place_of_the_single_runs_batch_give_the_same_bits(case: str) -> None:
-    """What the GPU does (each chunk's fits in their rows of the single run's batch, empty fits in the others),
-    run on NumPy: the padding and the picking of rows are right, and the empty fits change nothing."""
-    params, datasets = params_of(case), frames_of(case)
-    single, single_progress = single_run(params, datasets)
-    chunked, chunked_progress, _ = chunked_run(params, datasets, 3, order_seed=2, in_place=True)
-    assert chunked == single
-    assert_same_artifacts(single_progress, chunked_progress)
-
-
 def test_a_numpy_fit_has_the_same_bits_whatever_else_is_in_its_batch() -> None:
     data = synthetic.generate(np, 150, 5, seed=3, effect_share=0.5, min_eras=3, max_eras=8).data
     prior = Prior("laplace", 0.4, np.ones(data.n_covariates, dtype=bool))
@@ -195,24 +167,6 @@ def test_a_numpy_fit_has_the_same_bits_whatever_else_is_in_its_batch() -> None:
                 together[member].iterations,
                 together[member].gradient_norm,
             )
-
-
-def test_placed_fits_in_a_batch_with_empty_fits_equal_the_fits_alone() -> None:
-    data = synthetic.generate(np, 150, 5, seed=5, effect_share=0.5, min_eras=3, max_eras=8).data
-    prior = Prior("normal", 0.7, np.ones(data.n_covariates, dtype=bool))
-    fitter = ccd.numpy_batch_fitter(data, prior, ccd.FitOptions())
-    weights = np.random.default_rng(1).integers(0, 3, (2, data.n_cases)).astype(np.float64)
-    starts = np.zeros((2, data.n_covariates))
-    reports: list[tuple[int, int]] = []
-    placed = sccs_chunks.placed(fitter, 5, np.array([1, 3]))(
-        np.full(2, 0.7), weights, starts, lambda done, cycle: reports.append((done, cycle))
-    )
-    direct = fitter(np.full(2, 0.7), weights, starts, None)
-    assert [fit.beta.tobytes() for fit in placed] == [fit.beta.tobytes() for fit in direct]
-    assert reports[-1][0] == 2 and all(done <= 2 for done, _ in reports)
-    # An empty fit (case weights 0, from 0) has no gradient: it stops after its first cycle, at 0.
-    empty = fitter(np.full(1, 0.7), np.zeros((1, data.n_cases)), starts[:1], None)[0]
-    assert empty.iterations == 1 and empty.converged and not np.any(empty.beta)
 
 
 def test_the_plan_splits_only_large_jobs_into_contiguous_ranges() -> None:
@@ -287,7 +241,7 @@ def test_arrays_and_fits_round_trip_through_json_exactly() -> None:
     ],
 )
 def test_chunked_gpu_run_equals_the_single_gpu_run_exactly(case: str) -> None:
-    """On the GPU each chunk fits only its own members (a batch of its folds or replicates), and in place too."""
+    """On the GPU each chunk fits only its own members (a batch of its folds or replicates)."""
     cp = pytest.importorskip("cupy")
     params, datasets = params_of(case), frames_of(case)
     single, single_progress = single_run(params, datasets, cp)
@@ -295,9 +249,6 @@ def test_chunked_gpu_run_equals_the_single_gpu_run_exactly(case: str) -> None:
         chunked, chunked_progress, _ = chunked_run(params, datasets, n_chunks, order_seed=n_chunks, xp=cp)
         assert chunked == single, n_chunks
         assert_same_artifacts(single_progress, chunked_progress)
-    placed, placed_progress, _ = chunked_run(params, datasets, 3, order_seed=5, xp=cp, in_place=True)
-    assert placed == single
-    assert_same_artifacts(single_progress, placed_progress)
 
 
 @pytest.mark.gpu

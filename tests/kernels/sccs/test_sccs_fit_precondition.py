@@ -264,10 +264,6 @@ def test_chunked_run_with_the_switch_equals_the_single_run_exactly(
     assert_same_artifacts(single_progress, chunked_progress)
     for left, right in zip(single["coefficients"], chunked["coefficients"], strict=True):
         assert np.float64(left["estimate"]).tobytes() == np.float64(right["estimate"]).tobytes()
-    # in place (what the GPU does: each chunk's fits in their rows of the single run's batch)
-    placed, placed_progress, _ = chunked_run(params, study_frames, n_chunks, order_seed=5, in_place=True)
-    assert placed == single
-    assert_same_artifacts(single_progress, placed_progress)
 
 
 # -- the GPU ---------------------------------------------------------------------------------------------------

@@ -196,6 +196,7 @@ def time_jobs(
             raise SystemExit(f"job {job_id} ended {job['status']}: {job.get('error')}")
         best = min(best, seconds)
         result = client.result(job_id)
+        print(f"  a job: {seconds:.3f} s, stages {json.dumps(result.get('timings'))}", file=sys.stderr, flush=True)
     return best, job, result
 
 

@@ -7,11 +7,14 @@ stored the way the API's ingest stores an upload (``store.datasets.convert_uploa
 groups); written once per ``--data-dir`` and size. Each repeat then times, in this process:
 
 * the steps of ``kernels.sccs.jobs._load_tables`` one by one: the Parquet read (``pyarrow.parquet.read_table``)
-  and the conversion to pandas (together ``store.datasets.load_frame``, what ``ctx.dataset`` calls), the columns
-  (``select_outcome`` + ``table_columns``: extraction and validation), the copy to the device (GPU only) and
-  ``build_from_tables`` (sorts, lookups, CSC and case index);
+  and the conversion to pandas (what ``store.datasets.load_frame`` did before the decoded copies), the same
+  frames as ``load_frame`` reads them from this host's decoded copies (memory-mapped Arrow IPC: what
+  ``ctx.dataset`` calls), the columns (``select_outcome`` + ``table_columns``: extraction and validation), the
+  copy to the device (GPU only) and ``build_from_tables`` (sorts, lookups, CSC and case index);
 * a chunk's whole path to its first CV fit: ``FitPlan.load`` through a run context reading the files (with the
   job's own stage timings ``tables`` and ``build``), then the CV's fitter and folds;
+* once, before the repeats, a dataset's first read on a host: ``load_frame`` without a decoded copy (the
+  Parquet file decoded), then the wait for the copy its thread writes;
 * once, the finish: ``run_fit`` with stand-in CV fits (the finish only reads them), its stage timings (tables,
   build, the final fit) and the artifacts written by the worker's writer (``store.artifacts.save_artifact``).
 
@@ -128,15 +131,31 @@ def table_steps(steps: Steps, xp: Any, paths: dict[str, Path]) -> None:
     from kernels.sccs import jobs, transfer
     from kernels.sccs.data import build_from_tables
     from kernels.sccs.outcomes import select_outcome
+    from store.datasets import load_frame
 
     arrow = steps.time("Parquet read (pyarrow read_table)", lambda: {f: pq.read_table(p) for f, p in paths.items()})
-    frames = steps.time("Arrow -> pandas (to_pandas)", lambda: {f: table.to_pandas() for f, table in arrow.items()})
+    steps.time("Arrow -> pandas (to_pandas)", lambda: {f: table.to_pandas() for f, table in arrow.items()})
+    arrow.clear()
+    frames = steps.time("load_frame from the decoded copies (store.datasets)",
+                        lambda: {f: load_frame(p) for f, p in paths.items()})
     columns = steps.time("columns: select_outcome + table_columns", lambda: jobs.table_columns(*select_outcome(
         frames["outcomes_dataset_id"], frames["covariates_dataset_id"], None)))
     if not is_numpy(xp):
         columns = steps.time("copy to the device (transfer.to_device)",
                              lambda: {name: transfer.to_device(xp, values) for name, values in columns.items()})
     steps.time("build_from_tables", lambda: build_from_tables(**columns, xp=xp))
+
+
+def first_read(steps: Steps, paths: dict[str, Path]) -> None:
+    """``load_frame`` of a dataset this host has no decoded copy of (the Parquet file decoded), then the wait
+    for the copies its thread writes meanwhile."""
+    from store.datasets import decoded_path, load_frame, wait_for_decoded_copies
+
+    for path in paths.values():
+        decoded_path(path).unlink(missing_ok=True)
+    steps.time("load_frame, a host's first read (Parquet decoded; the copy written in a thread)",
+               lambda: {f: load_frame(p) for f, p in paths.items()})
+    steps.time("  then until that thread has written the decoded copies", wait_for_decoded_copies)
 
 
 def chunk_path(steps: Steps, xp: Any, paths: dict[str, Path], params: Any) -> None:
@@ -199,6 +218,7 @@ def main() -> None:
     paths = stored_tables(args)
     params = SccsParams.model_validate(PARAMS)
     steps = Steps(xp)
+    first_read(steps, paths)
     for _ in range(args.repeats):
         table_steps(steps, xp, paths)
         chunk_path(steps, xp, paths, params)

@@ -148,6 +148,16 @@ class Settings(BaseSettings):
         "Refused at submission (422) where the API knows jobs run on CPU (GPUEST_DEVICE=cpu, or the embedded "
         "stack without a GPU), else failed by the CPU worker before it computes",
     )
+    # issue 19: datasets read by memory-mapping a decoded copy rather than decoding their Parquet file each run
+    decoded_dir: Path | None = Field(
+        None, description="Where workers keep Arrow IPC copies of the datasets they read (memory-mapped: a run "
+        "reads its tables without decoding them); default <data_dir>/decoded; on a host-local disk where the "
+        "datasets are on shared storage",
+    )
+    decoded_max_bytes: int = Field(
+        32 * 1024**3, ge=0, description="Most bytes of decoded copies kept (least recently read go first); 0: "
+        "none, every run decodes the dataset's Parquet file",
+    )
     # issue 11: worker and uploads
     max_upload_rows: int = Field(20_000_000, ge=1, description="Most data rows a dataset upload may hold")
     max_upload_columns: int = Field(1_000, ge=1, description="Most columns a dataset upload may hold")
@@ -184,6 +194,10 @@ class Settings(BaseSettings):
     @property
     def datasets_dir(self) -> Path:
         return self.data_dir / "datasets"
+
+    @property
+    def resolved_decoded_dir(self) -> Path:
+        return self.decoded_dir or self.data_dir / "decoded"
 
     @property
     def artifacts_dir(self) -> Path:

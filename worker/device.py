@@ -1,4 +1,5 @@
-"""The device a worker advertises: on the job's and chunk's rows (``device``), in its log and so in /metrics."""
+"""The device a worker advertises: on the job's and chunk's rows (``device``), in its log and so in /metrics;
+and what the worker process keeps on it between runs of one job (``job_cache``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,11 @@ import os
 from types import ModuleType
 
 from kernels.backend import device_label, is_numpy
+from kernels.context import JobCache
+
+# The inputs one job's runs in this process share (a fanned-out job's chunk, then its finish, on this worker):
+# a worker runs one job or chunk at a time, so one cache per process.
+job_cache = JobCache()
 
 
 def worker_device(xp: ModuleType) -> str:

@@ -55,7 +55,7 @@ from store import jobs as job_store
 from store.datasets import get_dataset
 from store.db import session_scope
 from store.models import Job, JobChunk, utcnow
-from worker.device import worker_device
+from worker.device import job_cache, worker_device
 from worker.infra import InfrastructureUnavailable, describe, is_infrastructure_error, retry_infrastructure
 from worker.progress import Heartbeat, WorkerStopping, worker_stopping
 
@@ -304,8 +304,9 @@ def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
     if claimed is None:
         return None
     log.info("chunk started", job_id=claimed.job_id, chunk=claimed.index, worker=worker)
+    # The job's cache stays after the chunk: this worker may claim the job's finish next (same inputs).
     ctx = RunContext(claimed.xp, ChunkProgress(chunk_id, worker), _dataset_loader(claimed.dataset_ids),
-                     dataset_fields=tuple(claimed.dataset_ids))
+                     dataset_fields=tuple(claimed.dataset_ids), cache=job_cache.enter(claimed.job_id))
     started = time.perf_counter()
     status, output, error = JobStatus.SUCCEEDED, None, None
     with ChunkHeartbeat(chunk_id, worker, settings.heartbeat_seconds):
@@ -336,6 +337,8 @@ def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
         return None  # the reaper re-runs it
     log.info("chunk finished", job_id=claimed.job_id, chunk=claimed.index, status=status, recorded=recorded,
              run_seconds=round(timings["run"], 3))
+    if status != JobStatus.SUCCEEDED:
+        job_cache.clear()  # no finish follows a failed or cancelled chunk
     if recorded and status != JobStatus.SUCCEEDED:
         settle(claimed.job_id)  # a failed chunk fails its job now; the others stop at their next checkpoint
     return status if recorded else None

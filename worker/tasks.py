@@ -42,12 +42,12 @@ from kernels.registry import JobKind, get_kind, registry
 from kernels.work import cap_problem
 from store import jobs as job_store
 from store.artifacts import discard_pending_outcome, load_pending_outcome, save_pending_outcome
-from store.datasets import get_dataset, load_frame
+from store.datasets import get_dataset, load_frame, prune_decoded_copies
 from store.db import session_scope
 from store.migrate import SchemaNotMigratedError, ensure_migrated
 from store.models import Job, utcnow
 from worker import fanout
-from worker.device import worker_device
+from worker.device import job_cache, worker_device
 from worker.health import touch
 from worker.infra import (
     InfrastructureUnavailable,
@@ -240,6 +240,7 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
     run_seconds = time.perf_counter() - started
     if outcome.status == JobStatus.RUNNING:  # fanned out: its chunks run on, the chord's callback ends it
         return JobStatus.RUNNING
+    job_cache.clear()  # the job ended or goes back to the queue: its inputs are not needed here any more
     if outcome.status is None or outcome.status == JobStatus.QUEUED:
         return _give_back(job_id, worker, claimed.queue, outcome, run_seconds)
     # Worker-side seconds only: the kernel's per-stage timings are in the result (result["timings"]).
@@ -368,7 +369,8 @@ def _run(
         over_cap = cpu_work_cap_problem(placement, params, dataset_ids)
         if over_cap is not None:
             return _failed(job_id, "cpu_work_cap", "CpuWorkCap", over_cap)
-        ctx = RunContext(placement.xp, progress, dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids))
+        ctx = RunContext(placement.xp, progress, dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids),
+                         cache=job_cache.enter(job_id))
         # A fanned-out job whose chunks succeeded comes back to be finished from their outputs.
         kind, may_fan_out = fanout.kind_to_run(job_id, placement.kind)
         if may_fan_out and fanout.try_fan_out(job_id, progress.worker, kind, params, ctx, queue):
@@ -530,6 +532,8 @@ def reap_once() -> dict[str, int]:
     # Chunks of fanned-out jobs: re-run a lost worker's chunk alone, re-send lost chunk messages, reduce a
     # job whose chord callback was lost.
     counts.update(fanout.reap_chunks(stale_after, settings.max_attempts, idle, settings.queue))
+    with session_scope() as session:  # decoded copies of datasets deleted elsewhere
+        counts["decoded_pruned"] = prune_decoded_copies(session)
     if settings.retention_days > 0 or settings.retention_days_by_owner:
         with session_scope() as session:  # retention: finished jobs past their owner's limit, files with them
             expired = job_store.expire_finished_jobs(session, default_days=settings.retention_days,

@@ -28,6 +28,7 @@ from store.datasets import (
     get_dataset,
     ingest,
     list_datasets,
+    remove_dataset_files,
     stored_bytes,
 )
 from store.db import session_scope, storable_text
@@ -104,13 +105,9 @@ def _store(received: ReceivedFile, owner: str, limits: UploadLimits, quota: int 
                 _check_storage_quota(owner, quota, int(dataset.size_bytes))
             session.commit()
         except BaseException:
-            delete_stored_file(dataset.path)
+            remove_dataset_files(dataset.path)
             raise
         return DatasetOut.from_row(dataset)
-
-
-def delete_stored_file(path: str) -> None:
-    Path(path).unlink(missing_ok=True)
 
 
 @router.post(
@@ -193,7 +190,7 @@ def dataset_from_artifact(
         session.commit()
     except BaseException:
         session.rollback()
-        delete_stored_file(dataset.path)
+        remove_dataset_files(dataset.path)
         raise
     log.info("dataset registered from an artifact", dataset_id=dataset.id, owner=owner, job_id=job.id,
              artifact=body.artifact)

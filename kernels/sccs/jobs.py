@@ -144,7 +144,12 @@ def _load_inputs(params: SccsParams, ctx: RunContext) -> _FitInputs:
 
 def _load_tables(ctx: RunContext, outcome_id: int | None) -> tuple[BuiltData, list[str | None]]:
     """The interval tables (of ``outcome_id`` when they stack several outcomes) built on the job's device, and
-    the covariates' names (None without a names table)."""
+    the covariates' names (None without a names table). Built once per job and worker process: a fanned-out
+    job's finish reuses what its chunk built on the same worker (no fit changes them)."""
+    return ctx.reuse(("sccs tables", outcome_id), lambda: _build_tables(ctx, outcome_id))
+
+
+def _build_tables(ctx: RunContext, outcome_id: int | None) -> tuple[BuiltData, list[str | None]]:
     with ctx.stage("tables"):
         outcomes, covariates = select_outcome(ctx.dataset("outcomes_dataset_id"),
                                               ctx.dataset("covariates_dataset_id"), outcome_id)

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from core.settings import get_settings
-from store.datasets import load_frame
+from store.datasets import decoded_path, load_frame, prune_decoded_copies, wait_for_decoded_copies
 from store.db import session_scope
 from store.models import Dataset
 
@@ -194,11 +194,30 @@ def test_owner_isolation_and_delete(client, alice, bob) -> None:
     assert_problem(client.delete(f"/v1/datasets/{dataset['id']}", headers=bob), 404)
     assert client.get("/v1/datasets", headers=bob).json()["total"] == 0
     assert stored.exists()
+    load_frame(stored)  # a worker's read leaves this host's decoded copy
+    wait_for_decoded_copies()
+    assert decoded_path(stored).exists()
 
     assert client.delete(f"/v1/datasets/{dataset['id']}", headers=alice).status_code == 204
     assert not stored.exists()
+    assert not decoded_path(stored).exists()
     assert_problem(client.get(f"/v1/datasets/{dataset['id']}", headers=alice), 404)
     assert_problem(client.delete(f"/v1/datasets/{dataset['id']}", headers=alice), 404)
+
+
+def test_decoded_copies_of_datasets_deleted_elsewhere_are_pruned(client, alice) -> None:
+    kept = upload(client, alice, "kept.csv", GOOD_CSV).json()
+    stored = Path(get_settings().datasets_dir) / f"{kept['id']}.parquet"
+    load_frame(stored)
+    wait_for_decoded_copies()
+    orphan = decoded_path(stored).with_name("ds_deleted_on_another_host.arrow")
+    orphan.write_bytes(decoded_path(stored).read_bytes())
+    being_written = decoded_path(stored).with_name(".x.arrow.123.part")
+    being_written.write_bytes(b"half")
+    with session_scope() as session:
+        assert prune_decoded_copies(session) == 1
+        assert prune_decoded_copies(session) == 0
+    assert not orphan.exists() and decoded_path(stored).exists() and being_written.exists()
 
 
 def test_delete_refuses_while_a_queued_job_uses_the_dataset(client, alice) -> None:

@@ -30,6 +30,7 @@ from tests.kernels.sccs.test_sccs_chunks import comparable, frames
 from tests.worker.conftest import WorkerProcess, load, wait_for
 from tests.worker.test_worker_fanout import chunks_of, finished, start_workers
 from worker import fanout
+from worker.device import job_cache
 from worker.progress import JobProgress
 from worker.tasks import dataset_loader, execute_job
 
@@ -161,17 +162,23 @@ def test_a_bootstrap_split_whose_callback_is_lost_is_finished_by_a_worker_exactl
         [15, 29],
         [29, 43],
     ]
+    job_cache.clear()
     for row in reversed(rows[1:]):  # any order; each reads the tables itself
         assert fanout.execute_chunk(row.id, f"host:2:{row.chunk_index}") == JobStatus.SUCCEEDED
+    assert len(job_cache) == 1  # this process keeps the job's built tables for its finish
     assert load(job_id).status == JobStatus.RUNNING  # no callback came (nobody consumes the chord)
     counts = fanout.reap_chunks(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue)
     assert counts["reduced"] == 1
     job = load(job_id)
     assert job.status == JobStatus.QUEUED and job.attempts == 0 and job.worker is None
     assert fanout.settle(job_id) is None  # handed over once
-    assert execute_job(job_id, worker="host:3:finisher") == JobStatus.SUCCEEDED
+    assert execute_job(job_id, worker="host:3:finisher") == JobStatus.SUCCEEDED  # reads no table
+    assert len(job_cache) == 0  # dropped when the job ended
     job = load(job_id)
     assert comparable(job.result) == single and job.attempts == 1 and job.worker == "host:3:finisher"
+    # The result's stages add the finish's to the chunks': the finish read no table
+    read = [row.timings["tables"] for row in chunks_of(job_id) if "tables" in (row.timings or {})]
+    assert read and job.result["timings"]["tables"] == pytest.approx(sum(read), rel=1e-9)
     assert_stored_artifacts_equal(job_id, job.artifacts, single_progress)
 
 

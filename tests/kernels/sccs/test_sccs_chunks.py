@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kernels.context import RunContext, local_context, run_kind
+from kernels.context import JobCache, RunContext, local_context, run_kind
 from kernels.progress import LocalProgress
 from kernels.registry import get_kind
 from kernels.sccs import ccd, synthetic
@@ -77,8 +77,9 @@ def comparable(result: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in result.items() if key not in ("timings", "device")}
 
 
-def context(datasets: dict[str, pd.DataFrame], xp: Any = np, progress: LocalProgress | None = None) -> RunContext:
-    return local_context(xp=xp, datasets=datasets, progress=progress)
+def context(datasets: dict[str, pd.DataFrame], xp: Any = np, progress: LocalProgress | None = None,
+            cache: JobCache | None = None) -> RunContext:
+    return local_context(xp=xp, datasets=datasets, progress=progress, cache=cache)
 
 
 def single_run(params: SccsParams, datasets: dict[str, pd.DataFrame], xp: Any = np) -> tuple[dict, LocalProgress]:
@@ -92,21 +93,23 @@ def chunked_run(
     n_chunks: int,
     order_seed: int,
     xp: Any = np,
+    cache: JobCache | None = None,
 ) -> tuple[dict, LocalProgress, list[dict]]:
     """The job as a fan-out computes it: the lead, the chunks in a shuffled order, each in a context of its own,
-    specs and outputs through JSON text, then the finish in a context of its own."""
+    specs and outputs through JSON text, then the finish in a context of its own. With ``cache``, every run
+    is one worker's (which keeps the job's inputs between them)."""
     specs = sccs_chunks.plan(params, n_chunks, min_batches=2)
     assert specs is not None
-    lead_spec, lead_output, specs = sccs_chunks.lead(params, context(datasets, xp), specs)
+    lead_spec, lead_output, specs = sccs_chunks.lead(params, context(datasets, xp, cache=cache), specs)
     specs = json.loads(json.dumps(specs))
     stored: dict[int, str] = {}
     for index in random.Random(order_seed).sample(range(len(specs)), len(specs)):
-        output = sccs_chunks.run(params, context(datasets, xp), specs[index])
+        output = sccs_chunks.run(params, context(datasets, xp, cache=cache), specs[index])
         stored[index] = json.dumps(output)
     all_specs = [json.loads(json.dumps(lead_spec)), *specs]
     outputs = [json.loads(json.dumps(lead_output))] + [json.loads(stored[index]) for index in sorted(stored)]
     progress = LocalProgress()
-    result = sccs_chunks.finish(params, context(datasets, xp, progress), all_specs, outputs)
+    result = sccs_chunks.finish(params, context(datasets, xp, progress, cache), all_specs, outputs)
     return comparable(json.loads(result.model_dump_json())), progress, all_specs
 
 
@@ -146,6 +149,59 @@ def test_chunked_run_equals_the_single_run_exactly(case: str, n_chunks: int | st
     for left, right in zip(single["coefficients"], chunked["coefficients"], strict=True):
         assert np.float64(left["estimate"]).tobytes() == np.float64(right["estimate"]).tobytes()
     assert single["log_posterior"].hex() == chunked["log_posterior"].hex()
+
+
+class CountingCache(JobCache):
+    """A worker's job cache that counts what it was asked for and what it had to build."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = self.made = 0
+
+    def get_or_make(self, key: Any, make: Any) -> Any:
+        self.asked += 1
+
+        def counted() -> Any:
+            self.made += 1
+            return make()
+
+        return super().get_or_make(key, counted)
+
+
+@pytest.mark.parametrize("case", ["cv_laplace_with_bootstrap_and_profile", "bootstrap_normal_real_values"])
+def test_one_worker_builds_the_tables_once_for_all_its_runs_of_the_job(case: str) -> None:
+    """A worker keeps a job's built tables from its chunks to the finish (``JobCache``): the result is the
+    single run's, bit for bit, the tables built once (the fits never change them)."""
+    params, datasets = params_of(case), frames_of(case)
+    single, single_progress = single_run(params, datasets)
+    cache = CountingCache().enter("the job")
+    chunked, chunked_progress, specs = chunked_run(params, datasets, 3, order_seed=5, cache=cache)
+    assert chunked == single
+    assert_same_artifacts(single_progress, chunked_progress)
+    assert cache.made == 1 and cache.asked >= len(specs)
+
+
+def test_a_job_cache_holds_one_jobs_values() -> None:
+    cache = JobCache().enter("a")
+    made: list[str] = []
+    assert cache.get_or_make("k", lambda: made.append("a") or "value a") == "value a"
+    assert cache.enter("a").get_or_make("k", lambda: made.append("again") or "other") == "value a"
+    assert cache.enter("b").get_or_make("k", lambda: made.append("b") or "value b") == "value b"
+    assert made == ["a", "b"] and len(cache) == 1
+
+    def fails() -> str:
+        raise ValueError("no tables")
+
+    with pytest.raises(ValueError, match="no tables"):
+        cache.get_or_make("bad", fails)
+    assert len(cache) == 1  # nothing kept for a build that raised
+    cache.clear()
+    assert len(cache) == 0
+    # Without a cache every run builds; with one, each namespace has its own value.
+    assert local_context(xp=np).reuse("k", lambda: 1) == 1
+    shared = JobCache().enter("c")
+    assert local_context(xp=np, cache=shared).reuse("k", lambda: 1) == 1
+    assert local_context(xp=np, cache=shared).reuse("k", lambda: 2) == 1
 
 
 def test_a_numpy_fit_has_the_same_bits_whatever_else_is_in_its_batch() -> None:
@@ -249,6 +305,12 @@ def test_chunked_gpu_run_equals_the_single_gpu_run_exactly(case: str) -> None:
         chunked, chunked_progress, _ = chunked_run(params, datasets, n_chunks, order_seed=n_chunks, xp=cp)
         assert chunked == single, n_chunks
         assert_same_artifacts(single_progress, chunked_progress)
+    # One worker running every chunk and the finish builds the tables on the device once (the fits never
+    # change them): the same bits.
+    cache = CountingCache().enter("the job")
+    chunked, chunked_progress, _ = chunked_run(params, datasets, 3, order_seed=3, xp=cp, cache=cache)
+    assert chunked == single and cache.made == 1
+    assert_same_artifacts(single_progress, chunked_progress)
 
 
 @pytest.mark.gpu

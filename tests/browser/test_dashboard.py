@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from selenium.common.exceptions import WebDriverException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.expected_conditions import staleness_of
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from cli.serve import EmbeddedStack
@@ -77,7 +77,22 @@ def click_and_load(browser: WebDriver, button_id: str) -> None:
     """Click a form's button and wait until the page it submits to has replaced this one."""
     button = browser.find_element(By.ID, button_id)
     button.click()
-    WebDriverWait(browser, 30).until(staleness_of(button))
+    WebDriverWait(browser, 30).until(lambda _: detached(button))
+
+
+def detached(element: WebElement) -> bool:
+    """Whether ``element`` has left the document. Selenium's ``staleness_of`` expects a stale-element error; while
+    the next page replaces the document chromedriver may instead answer that the node "does not belong to the
+    document" (a WebDriverException): the same fact, seen mid-navigation."""
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as exc:
+        if "does not belong to the document" in str(exc):
+            return True
+        raise
+    return False
 
 
 def job_status(browser: WebDriver) -> str:
@@ -209,7 +224,7 @@ def test_keyboard_only(signed_in: WebDriver, stack: EmbeddedStack) -> None:
     focused(browser).send_keys(Keys.SHIFT, Keys.TAB)  # and to Submit
     link = focused(browser)
     link.send_keys(Keys.ENTER)
-    WebDriverWait(browser, 30).until(staleness_of(link))
+    WebDriverWait(browser, 30).until(lambda _: detached(link))
     assert browser.current_url.endswith("/ui/submit")
     # the kind chooser and the generated form are reached and sent by keyboard: a bad value comes back on its
     # field, and the field keeps the typed text
@@ -218,7 +233,7 @@ def test_keyboard_only(signed_in: WebDriver, stack: EmbeddedStack) -> None:
     field.send_keys(Keys.CONTROL, "a")
     field.send_keys("0")
     field.send_keys(Keys.ENTER)  # Enter in a text field submits its form
-    WebDriverWait(browser, 30).until(staleness_of(field))
+    WebDriverWait(browser, 30).until(lambda _: detached(field))
     assert "greater than" in browser.find_element(By.ID, "error-replications").text
     assert browser.find_element(By.ID, "param-replications").get_attribute("value") == "0"
 

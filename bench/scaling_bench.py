@@ -16,6 +16,9 @@ and the script exits with status 1 after the table if one does not. Efficiency p
   and uploaded through the API once: every worker count's stack shares one data directory (and database), and
   a later run with the same ``--data-dir`` and sizes reuses the upload. Each chunk, and the worker finishing
   the job, reads the tables itself (the time that takes is in the timings: it is part of the fan-out's cost).
+* ``sccs_bootstrap``: ``sccs_fit`` at variance 0.1 (laplace) with ``--replicates`` (default 200) bootstrap refits,
+  on the same tables (``--n-cases`` etc.): fanned out by ranges of replicates, each chunk fitting its own in
+  batches as wide as the single run's;
 * ``crve_bootstrap_hc``: ``crve_bootstrap``'s heteroskedastic wild bootstrap (a bootstrap cluster per row),
   y ~ x1 + x2 + x3 with weights, H0: x1 = 0, no interval, on an uploaded Parquet file of ``--n-obs`` rows
   (default 10^7, ``bench/crve_regressions_bench.py``'s hc10m design) with B = ``--draws`` (default 9,999: about
@@ -28,6 +31,7 @@ does); export DATABASE_URL and REDIS_URL to run it on PostgreSQL + Redis instead
     python3 bench/scaling_bench.py --cpu-workers 1 2 --replications 20000 --n-clusters 50 --cluster-size 30 --k 3
     python3 bench/scaling_bench.py --kind sccs_cv --gpus 1 2 4 --data-dir /tmp/scaling-sccs
     python3 bench/scaling_bench.py --kind sccs_cv --cpu-workers 1 2 --n-cases 20000 --n-drugs 40
+    python3 bench/scaling_bench.py --kind sccs_bootstrap --gpus 1 2 --n-cases 1000000 --data-dir /tmp/scaling-sccs
     python3 bench/scaling_bench.py --kind crve_bootstrap_hc --gpus 1 2 4 --data-dir /tmp/scaling-hc
     GPUEST_FANOUT_MIN_BOOTSTRAP_WEIGHTS=1e6 python3 bench/scaling_bench.py --kind crve_bootstrap_hc --cpu-workers 1 2 \
         --n-obs 200000 --draws 1999     # a CPU dry run: below the default 3 x 10^10 weights a job runs whole
@@ -65,7 +69,7 @@ def parse_args() -> argparse.Namespace:
     where.add_argument("--gpus", type=int, nargs="+", help="worker counts, one worker per GPU")
     where.add_argument("--cpu-workers", type=int, nargs="+", help="worker counts, CPU workers")
     parser.add_argument("--kind", default="crve_montecarlo",
-                        choices=["crve_montecarlo", "sccs_cv", "crve_bootstrap_hc"])  # fmt: skip
+                        choices=["crve_montecarlo", "sccs_cv", "sccs_bootstrap", "crve_bootstrap_hc"])  # fmt: skip
     parser.add_argument("--replications", type=int, default=10_000_000)
     parser.add_argument("--n-clusters", type=int, default=100)
     parser.add_argument("--cluster-size", type=int, default=32)
@@ -78,6 +82,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--min-eras", type=int, default=SCCS_LARGE["min_eras"], help="sccs_cv: eras per case, least")
     parser.add_argument("--max-eras", type=int, default=SCCS_LARGE["max_eras"], help="sccs_cv: eras per case, most")
     parser.add_argument("--folds", type=int, default=10, help="sccs_cv: cross-validation folds")
+    parser.add_argument("--replicates", type=int, default=200, help="sccs_bootstrap: bootstrap replicates")
     parser.add_argument("--n-obs", type=int, default=10_000_000, help="crve_bootstrap_hc: rows")
     parser.add_argument("--draws", type=int, default=9_999, help="crve_bootstrap_hc: bootstrap draws B")
     parser.add_argument("--repeats", type=int, default=2, help="jobs per worker count (the best is kept)")
@@ -97,7 +102,11 @@ def job_params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def sccs_params(args: argparse.Namespace, dataset_ids: dict[str, str]) -> dict[str, Any]:
-    """The sccs_fit job: 10-fold CV over Cyclops' 10 variances ("auto"), laplace prior, the paper's criterion."""
+    """The sccs_fit job: 10-fold CV over Cyclops' 10 variances ("auto"), laplace prior, the paper's criterion;
+    or (``sccs_bootstrap``) the fit at variance 0.1 and ``--replicates`` bootstrap refits."""
+    if args.kind == "sccs_bootstrap":
+        return {**dataset_ids, "prior": {"type": "laplace", "variance": 0.1},
+                "bootstrap": {"replicates": args.replicates, "seed": SCCS_SEED}}
     return {**dataset_ids, "prior": {"type": "laplace", "variance": 0.1},
             "cross_validation": {"folds": args.folds, "grid": "auto", "seed": SCCS_SEED}}
 
@@ -228,10 +237,12 @@ def chunk_count(job: dict[str, Any], workers: int) -> int:
 def main() -> None:
     args = parse_args()
     counts = args.gpus or args.cpu_workers
-    kind = {"sccs_cv": "sccs_fit", "crve_bootstrap_hc": "crve_bootstrap"}.get(args.kind, args.kind)
+    kind = {"sccs_cv": "sccs_fit", "sccs_bootstrap": "sccs_fit", "crve_bootstrap_hc": "crve_bootstrap"}.get(
+        args.kind, args.kind)
+    sccs = args.kind.startswith("sccs")
     params = job_params(args) if args.kind == "crve_montecarlo" else {}
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="gpuest-scaling-"))
-    tables = sccs_tables(args, data_dir / f"sccs-tables-{sccs_size(args)}") if args.kind == "sccs_cv" else {}
+    tables = sccs_tables(args, data_dir / f"sccs-tables-{sccs_size(args)}") if sccs else {}
     rows = []
     baseline: dict[str, Any] | None = None
     for workers in counts:
@@ -240,7 +251,7 @@ def main() -> None:
         placement = {"gpus": workers} if args.gpus else {"cpu_workers": workers}
         if workers == 1:
             env["GPUEST_FANOUT_CHUNKS"] = "0"  # the baseline: one worker, the job whole
-        if args.kind == "sccs_cv":  # one stack directory for every worker count: the tables are uploaded once
+        if sccs:  # one stack directory for every worker count: the tables are uploaded once
             env.update(SCCS_UPLOAD_ENV)
             stack_dir = data_dir / "sccs-stack"
         elif args.kind == "crve_bootstrap_hc":  # likewise: the dataset is uploaded once
@@ -252,7 +263,7 @@ def main() -> None:
                             say=lambda line: print(line, file=sys.stderr), **placement) as stack, \
                 GpuestClient(stack.base_url, timeout=max(600.0, args.timeout)) as client:  # fmt: skip
             wait_until_ready(stack.workers, args.timeout)
-            if args.kind == "sccs_cv":
+            if sccs:
                 params = sccs_params(args, sccs_datasets(client, tables, args, stack_dir))
             elif args.kind == "crve_bootstrap_hc":
                 params = hc_params(args, client, data_dir, stack_dir)
@@ -270,7 +281,7 @@ def main() -> None:
           f"`python3 bench/scaling_bench.py {' '.join(sys.argv[1:])}`")
     described = {key: value for key, value in params.items() if not key.endswith("dataset_id")}
     sizes = (f" on N = {args.n_cases:,} cases, J = {args.n_drugs:,} drugs, {args.min_eras}-{args.max_eras} eras a case"
-             if args.kind == "sccs_cv" else f" on N = {args.n_obs:,} rows" if args.kind == "crve_bootstrap_hc" else "")
+             if sccs else f" on N = {args.n_obs:,} rows" if args.kind == "crve_bootstrap_hc" else "")
     print(f"{kind} {json.dumps(described)}{sizes}; submit to succeeded through the HTTP API, best of "
           f"{args.repeats}; each result against the first row's.\n")
     print("| workers | chunks (with the lead) | seconds | speed-up | efficiency per worker | result | device(s) |")

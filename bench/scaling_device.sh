@@ -3,7 +3,8 @@
 # The web stack (FastAPI, Celery, SQLAlchemy, ...) comes as wheels in .whl/ (see bench/gpu_suite.sh for the
 # pip download line; add: fastapi "uvicorn[standard]" python-multipart "celery[redis,sqlalchemy]" sqlalchemy alembic httpx
 # typer rich pyyaml prometheus-client matplotlib jinja2 swagger-ui-bundle, numpy's wheel removed).
-# Usage on the device machine: bash bench/scaling_device.sh [section ...]   (sections: crve ks dc sccs; default all)
+# Usage on the device machine: bash bench/scaling_device.sh [section ...]   (sections: crve ks dc sccs sccsboot
+# crveboot dcbounds; default crve ks dc sccs)
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/scaling}; mkdir -p "$OUT"
@@ -72,5 +73,10 @@ for section in $SECTIONS; do
     timeout 590 python3 bench/scaling_bench.py --kind sccs_cv --gpus $COUNTS --repeats 2 --data-dir var/scaling-sccs \
       2> "$OUT/sccs_stack.log" | tee "$OUT/sccs_table.md"
     grep -E "a job:|worker\(s\)" "$OUT/sccs_stack.log" | cut -c1-400 ;;
+  sccsboot)
+    echo "== sccs_fit 200 bootstrap replicates at N = 3.6M through the stack: $COUNTS =="
+    timeout 590 python3 bench/scaling_bench.py --kind sccs_bootstrap --gpus $COUNTS --repeats 2 \
+      --data-dir var/scaling-sccs 2> "$OUT/sccsboot_stack.log" | tee "$OUT/sccsboot_table.md"
+    grep -E "a job:|worker\(s\)" "$OUT/sccsboot_stack.log" | cut -c1-400 ;;
   esac
 done

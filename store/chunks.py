@@ -10,7 +10,7 @@ reduction that ends it finishes it as that marker.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,10 +31,12 @@ def fanout_worker(group_id: str) -> str:
 
 @dataclass(frozen=True)
 class ChunkPlan:
-    """A chunk to create: its spec, and its output when it is already computed (the lead)."""
+    """A chunk to create: its spec, and its output when it is already computed (the lead), with the stage
+    timings of that computation (the job's result adds every chunk's)."""
 
     spec: dict[str, Any]
     output: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def fan_out(
@@ -61,7 +63,7 @@ def fan_out(
             status=JobStatus.SUCCEEDED if done else JobStatus.QUEUED, attempts=1 if done else 0,
             worker=worker if done else None, device=device if done else None, progress=1.0 if done else 0.0,
             queue=queue, enqueued_at=now, started_at=now if done else None, finished_at=now if done else None,
-            output=plan.output, timings={},
+            output=plan.output, timings=dict(plan.timings),
         )  # fmt: skip
         session.add(chunk)
         ids.append(chunk.id)

@@ -174,10 +174,15 @@ def try_fan_out(job_id: str, worker: str, kind: JobKind, params: dict[str, Any],
     if specs is None:
         return False
     ctx.progress(0.0, f"lead block of {len(specs) + 1} chunks")
+    started = time.perf_counter()
     lead_spec, lead_output, specs = split.lead(spec, ctx, specs)
+    # The lead's stages (an SCCS bootstrap's tables and final fit, a Monte Carlo's first block) count in the
+    # job's timings as every chunk's do.
+    lead_timings = {**ctx.timer.as_dict(), "run": time.perf_counter() - started}
     group_id = str(uuid.uuid4())
     queue = queue or settings.queue
-    plans = [chunk_store.ChunkPlan(lead_spec, lead_output)] + [chunk_store.ChunkPlan(item) for item in specs]
+    plans = [chunk_store.ChunkPlan(lead_spec, lead_output, lead_timings),
+             *(chunk_store.ChunkPlan(item) for item in specs)]
 
     def record() -> tuple[list[str] | None, JobPriority]:
         with session_scope() as session:

@@ -176,9 +176,13 @@ def test_a_bootstrap_split_whose_callback_is_lost_is_finished_by_a_worker_exactl
     assert len(job_cache) == 0  # dropped when the job ended
     job = load(job_id)
     assert comparable(job.result) == single and job.attempts == 1 and job.worker == "host:3:finisher"
-    # The result's stages add the finish's to the chunks': the finish read no table
-    read = [row.timings["tables"] for row in chunks_of(job_id) if "tables" in (row.timings or {})]
-    assert read and job.result["timings"]["tables"] == pytest.approx(sum(read), rel=1e-9)
+    # The result's stages add the finish's to the chunks', the lead's among them (its tables and final fit):
+    # the finish read no table and fitted nothing
+    rows = chunks_of(job_id)
+    assert rows[0].timings["fit"] > 0 and rows[0].timings["run"] > 0
+    read = [row.timings["tables"] for row in rows if "tables" in (row.timings or {})]
+    assert len(read) == 2 and job.result["timings"]["tables"] == pytest.approx(sum(read), rel=1e-9)
+    assert job.result["timings"]["fit"] == pytest.approx(rows[0].timings["fit"], rel=1e-9)
     assert_stored_artifacts_equal(job_id, job.artifacts, single_progress)
 
 

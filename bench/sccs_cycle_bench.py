@@ -54,18 +54,26 @@ def cycle_seconds(data, prior, width: int, cycles: int) -> float:
     return statistics.median(seconds)
 
 
-def main() -> None:
-    args = parse_args()
+def scaling_tables(n_cases: int, n_drugs: int):  # type: ignore[no-untyped-def]
+    """``scaling_bench.py``'s ``sccs_cv`` tables on the GPU, the laplace prior at variance 0.1, and a line that
+    describes them (also ``bench/sccs_cv_split_bench.py``'s)."""
     import cupy as cp
 
     from kernels.backend import device_label
     from kernels.sccs import synthetic
     from kernels.sccs.model import Prior
 
-    data = synthetic.generate(cp, args.n_cases, args.n_drugs, seed=2013, min_eras=11, max_eras=31).data
+    data = synthetic.generate(cp, n_cases, n_drugs, seed=2013, min_eras=11, max_eras=31).data
     prior = Prior("laplace", 0.1, np.ones(data.n_covariates, dtype=bool))
-    print(f"N = {args.n_cases:,} cases, {data.n_eras:,} eras, {data.nnz:,} nonzeros, J = {data.n_covariates:,}; "
-          f"{device_label(cp)}; median of {args.cycles} cycles\n")
+    line = (f"N = {n_cases:,} cases, {data.n_eras:,} eras, {data.nnz:,} nonzeros, J = {data.n_covariates:,}; "
+            f"{device_label(cp)}")
+    return data, prior, line
+
+
+def main() -> None:
+    args = parse_args()
+    data, prior, line = scaling_tables(args.n_cases, args.n_drugs)
+    print(f"{line}; median of {args.cycles} cycles\n")
     print("| width R | seconds a cycle | per fit |")
     print("| ---: | ---: | ---: |")
     times = [cycle_seconds(data, prior, width, args.cycles) for width in args.widths]

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
 from kernels import rng
+from kernels.backend import is_numpy
 from kernels.sccs import model
 from kernels.sccs.ccd import BatchFitter, CycleCallback, offset_callback
 from kernels.sccs.data import SccsData
@@ -30,13 +33,17 @@ DEFAULT_GRID = tuple(
 )
 
 
-def fold_of_case(n_cases: int, folds: int, seed: int) -> np.ndarray:
-    """Fold number (0..folds-1) of each case: a seeded random permutation dealt round-robin."""
+def fold_of_case(n_cases: int, folds: int, seed: int, xp: ModuleType = np) -> Any:
+    """Fold number (0..folds-1) of each case: a seeded random permutation dealt round-robin, as an array of
+    ``xp``. The same folds on every backend: the Philox uniforms are the same bits, and the order is by uniform
+    then by case (a stable sort on the host, a two-key sort on the device), so ties fall the same way."""
     if not 2 <= folds <= n_cases:
         raise ValueError(f"cross-validation needs 2 <= folds <= number of cases ({n_cases}), got {folds}")
-    order = np.argsort(rng.uniform(np, seed, FOLD_STREAM, np.arange(n_cases)), kind="stable")
-    fold = np.empty(n_cases, dtype=np.int64)
-    fold[order] = np.arange(n_cases) % folds
+    cases = xp.arange(n_cases, dtype=xp.int64)
+    draws = rng.uniform(xp, seed, FOLD_STREAM, cases)
+    order = np.argsort(draws, kind="stable") if is_numpy(xp) else xp.lexsort(xp.stack([cases, draws]))
+    fold = xp.empty(n_cases, dtype=xp.int64)
+    fold[order] = cases % folds
     return fold
 
 
@@ -88,9 +95,11 @@ def fold_fits(
     ``on_cycle(finished, cycle)`` runs after every cycle of every batch with the number of these folds' fits
     finished so far (progress, and the cancel point: it may raise).
     """
-    fold = fold_of_case(data.n_cases, folds, seed)
-    members = np.arange(chosen.start, chosen.stop)
-    held_out = (fold[None, :] == members[:, None]).astype(np.float64)  # (n, N)
+    xp = data.xp
+    fold = fold_of_case(data.n_cases, folds, seed, xp)
+    members = xp.arange(chosen.start, chosen.stop)
+    # (n, N) case weights on the data's device, once: each batch's set-up and each score read them there.
+    held_out = (fold[None, :] == members[:, None]).astype(xp.float64)
     training = 1.0 - held_out
     beta = np.zeros((members.size, data.n_covariates))
     scores = np.zeros((members.size, grid.size))
@@ -98,14 +107,13 @@ def fold_fits(
     converged = np.zeros((members.size, grid.size), dtype=bool)
     coefficients = np.zeros((members.size, grid.size, data.n_covariates))
     gradient_norm = np.zeros((members.size, grid.size))
-    xp = data.xp
     for v, variance in enumerate(grid.tolist()):
         report = offset_callback(on_cycle, v * members.size)
         results = fitter(np.full(members.size, variance), training, beta, report)
         for f, result in enumerate(results):
             beta[f] = result.beta
             coefficients[f, v] = result.beta
-            scores[f, v] = model.log_likelihood(data, result.beta, xp.asarray(held_out[f]))
+            scores[f, v] = model.log_likelihood(data, result.beta, held_out[f])
             iterations[f, v] = result.iterations
             converged[f, v] = result.converged
             gradient_norm[f, v] = result.gradient_norm

@@ -27,6 +27,24 @@ extern "C" __global__ void segment_sums(
     out[i] = total;
 }
 
+// Short segments' maxima (each case's eras): one thread per segment, -inf for an empty one, NaN if any value is
+// NaN (as NumPy's maximum). A maximum is exact in any order: this only replaces an atomic scatter (CuPy's
+// maximum.at, a compare-and-swap loop contended by a case's eras) with one pass, with the same values.
+extern "C" __global__ void segment_max(
+    const long long* __restrict__ ptr, const double* __restrict__ values, double* __restrict__ out,
+    const long long n_segments)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_segments) return;
+    double top = __longlong_as_double((long long)0xfff0000000000000ULL);  // -inf
+    for (long long k = ptr[i]; k < ptr[i + 1]; ++k) {
+        const double v = values[k];
+        if (v > top || v != v) top = v;
+        if (top != top) break;  // NaN: the maximum stays NaN
+    }
+    out[i] = top;
+}
+
 // Long segments (each column's chunks): one block per segment i = blockIdx.x; thread t adds the elements
 // ptr[i] + t, ptr[i] + t + BLOCK, ... in order, then the block adds the threads' sums by its fixed tree.
 extern "C" __global__ void long_segment_sums(

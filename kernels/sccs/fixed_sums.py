@@ -201,6 +201,18 @@ def case_sums(data: SccsData, values: Any) -> Any:
     return segment_sums(case_ptr(data), values)
 
 
+def case_max(data: SccsData, values: Any) -> Any:
+    """Per case, the largest of ``values`` (K,) over its eras: (N,) float64 (-inf for a case without eras, NaN
+    where a value is NaN). Exact, so the same values as any other order; one thread per case, no atomics."""
+    cp = data.xp
+    values = _float64(cp, values)
+    out = cp.empty(data.n_cases, dtype=cp.float64)
+    if data.n_cases > 0:
+        _kernel("segment_max")((math.ceil(data.n_cases / BLOCK),), (BLOCK,),
+                               (case_ptr(data), values, out, np.int64(data.n_cases)))
+    return out
+
+
 def linear_predictor(data: SccsData, beta: Any) -> Any:
     """``X b`` (K,) float64, each era's terms in increasing column order."""
     cp = data.xp

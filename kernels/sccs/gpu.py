@@ -11,6 +11,9 @@ Per coordinate ``j`` three kernels of ``ccd.cu`` run, with nothing crossing to t
 3. ``sccs_update`` (Listing 3): one thread per (replicate, touched case) updates ``eta``,
    ``w = L exp(eta)`` and that case's ``S`` — a thread owns its case, so no atomics are needed.
 
+Both per-case loops take the case's nonzeros of the column in groups (``SLOT_GROUP`` of ``ccd.cu``): loads first,
+then the arithmetic in the nonzeros' order, so the loads overlap and the bits are those of one at a time.
+
 A case of weight 0 in a replicate (a bootstrap case not drawn, a held-out fold) is skipped by both per-column
 kernels: it adds exactly 0 to the sums, and nothing reads its per-era state with a nonzero weight.
 
@@ -94,8 +97,9 @@ class _Kernels:
     numerators: Any
 
     @classmethod
-    def load(cls, precision: str) -> _Kernels:
-        module = cuda.module(_CCD, {**cuda.real_define(_REAL[precision]), "BLOCK": BLOCK})
+    def load(cls, precision: str, defines: dict[str, int] | None = None) -> _Kernels:
+        """``defines``: more compile-time constants of ``ccd.cu`` (a test's ``SLOT_GROUP``)."""
+        module = cuda.module(_CCD, {**cuda.real_define(_REAL[precision]), "BLOCK": BLOCK, **(defines or {})})
         return cls(*(module.get_function(name) for name in
                      ("sccs_grad_hess", "sccs_step", "sccs_update", "sccs_xbeta_change", "sccs_gradient_chunks",
                       "sccs_kkt_residual", "sccs_case_loglik", "sccs_numerators")))
@@ -576,7 +580,8 @@ def bytes_per_replicate(data: SccsData, precision: str, state_gradient: bool = F
     * per case (N): ``sums`` in ``precision``; ``case_weights`` and ``weighted_events`` (float64); while a
       batch starts, (R, N) float64 temporaries: the bootstrap's resample counts (drawn one replicate at a
       time, so the Philox temporaries are (N,) vectors), the padded weights, their transpose and the
-      weighted-events product, counted as 6 float64 to leave room for the memory pool's rounding;
+      weighted-events product, counted as 6 float64 to leave room for the memory pool's rounding; and
+      cross-validation's training and held-out weights of each fold (2 float64), on the device for the whole grid;
     * per covariate (J): ``numerator``, ``beta``, ``trust`` (float64) and the step partials; the X b
       criterion's block partials;
     * a profile engine (``state_gradient``) adds its gradient chunks' sums, the KKT residuals (J), the
@@ -584,7 +589,7 @@ def bytes_per_replicate(data: SccsData, precision: str, state_gradient: bool = F
     """
     real = 4 if precision == "float32" else 8
     per_era = 3 * real
-    per_case = real + 2 * 8 + 6 * 8
+    per_case = real + 2 * 8 + 8 * 8
     per_covariate = 3 * 8
     partials = 2 * 8 * max(1, math.ceil(data.max_touched() / BLOCK)) + 8 + 8 + 4 + 4 + 2 * 8
     partials += 2 * 8 * xbeta_blocks(data.n_eras)

@@ -85,6 +85,8 @@ def case_weights_or_ones(data: SccsData, case_weights: Any | None) -> Any:
 def case_max(data: SccsData, values: Any) -> Any:
     """Per case, the largest of ``values`` over its eras (the shift that keeps log-sum-exp finite)."""
     xp = data.xp
+    if not is_numpy(xp):
+        return fixed_sums.case_max(data, values)
     top = xp.full(data.n_cases, -xp.inf)
     xp.maximum.at(top, data.era_case, values)
     return top

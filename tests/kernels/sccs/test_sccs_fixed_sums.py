@@ -302,3 +302,29 @@ def test_gpu_engine_sums_give_the_same_bytes_twice_alone_or_in_a_batch() -> None
             minlength=data.n_covariates,
         )
         np.testing.assert_allclose(numerators[0][r], reference, rtol=1e-12)
+
+
+@pytest.mark.gpu
+def test_gpu_case_max_equals_numpy_exactly() -> None:
+    """The log-sum-exp shift per case: NumPy's maximum, bit for bit. (CuPy's ``maximum.at``, used before, rounded
+    float64 values to float32: this input has most values between two float32 numbers.)"""
+    cp = pytest.importorskip("cupy")
+    data = design(seed=13, n_cases=20_000, n_drugs=10)
+    device = data.to(cp)
+    generator = np.random.default_rng()
+    values = generator.normal(0.0, 3.0, data.n_eras)
+    assert np.any(values.astype(np.float32).astype(np.float64) != values)
+    reference = np.full(data.n_cases, -np.inf)
+    np.maximum.at(reference, data.era_case, values)
+    assert host(fixed_sums.case_max(device, cp.asarray(values))).tobytes() == reference.tobytes()
+    assert host(model.case_max(device, cp.asarray(values))).tobytes() == reference.tobytes()
+    # A NaN anywhere in a case is its maximum (as NumPy's); -inf and +inf are values like any other.
+    values[data.era_case == 3] = -np.inf
+    values[np.flatnonzero(data.era_case == 5)[-1]] = np.nan
+    values[np.flatnonzero(data.era_case == 7)[0]] = np.inf
+    reference = np.full(data.n_cases, -np.inf)
+    with np.errstate(invalid="ignore"):  # NumPy warns of the NaN it keeps
+        np.maximum.at(reference, data.era_case, values)
+    result = host(fixed_sums.case_max(device, cp.asarray(values)))
+    assert np.isnan(result[5]) and result[3] == -np.inf and result[7] == np.inf
+    np.testing.assert_array_equal(result, reference)

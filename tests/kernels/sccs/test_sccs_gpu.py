@@ -86,6 +86,29 @@ def test_batched_fits_equal_numpy_fits_one_by_one() -> None:
         _assert_same(h, d, seed)
 
 
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_grouped_slot_loops_give_the_bits_of_one_nonzero_at_a_time(precision: str) -> None:
+    """ccd.cu's coordinate kernels load a case's nonzeros in groups (SLOT_GROUP) before adding them in order: the
+    fits' bits equal those of groups of one, the plain loop, on slots longer than a group and warm starts."""
+    from kernels.sccs import gpu
+
+    seed, data = _fresh(n_cases=4000, n_drugs=12, binary=False)
+    assert int(np.max(np.diff(data.touched_ptr))) > 8  # some slots span two groups of the default 8
+    prior = Prior("laplace", 0.05, np.ones(data.n_covariates, dtype=bool))
+    weights = np.stack([(np.arange(data.n_cases) % 4 != f).astype(float) for f in range(3)])
+    results = []
+    for defines in (None, {"SLOT_GROUP": 1}, {"SLOT_GROUP": 3}):
+        engine = gpu.BatchEngine(data, prior, FitOptions(precision=precision), capacity=3)
+        engine._kernels = gpu._Kernels.load(precision, defines)
+        engine._capture()
+        first = engine.fit_batch(np.full(3, 0.05), weights, np.zeros((3, data.n_covariates)))
+        warm = engine.fit_batch(np.full(3, 0.5), weights, np.stack([fit.beta for fit in first]))
+        results.append([(fit.beta.tobytes(), fit.iterations, fit.log_likelihood) for fit in first + warm])
+    assert results[1] == results[0], f"seed {seed}"
+    assert results[2] == results[0], f"seed {seed}"
+    assert all(iterations > 1 for _, iterations, _ in results[0])
+
+
 def test_float32_gpu_is_close_to_float32_numpy() -> None:
     from kernels.sccs import gpu
 
@@ -114,6 +137,27 @@ def test_bootstrap_weights_on_gpu_match_numpy() -> None:
 
     np.testing.assert_array_equal(boot.case_weights(cupy, 777, 5, 3, seed=4).get(),
                                   boot.case_weights(np, 777, 5, 3, seed=4))
+
+
+def test_folds_dealt_on_gpu_equal_numpy_even_with_tied_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cupy
+
+    from kernels import rng
+    from kernels.sccs import cv
+
+    seed = secrets.randbits(31)
+    for n_cases, folds in ((777, 10), (100_003, 7), (12, 12)):
+        np.testing.assert_array_equal(cv.fold_of_case(n_cases, folds, seed, cupy).get(),
+                                      cv.fold_of_case(n_cases, folds, seed), err_msg=f"seed {seed}")
+    uniform = rng.uniform
+
+    def tied(xp, seed, stream, index):  # type: ignore[no-untyped-def]
+        return xp.floor(uniform(xp, seed, stream, index) * 5.0) / 5.0  # five values: ties everywhere
+
+    monkeypatch.setattr(rng, "uniform", tied)
+    host = cv.fold_of_case(1000, 4, seed)
+    assert np.ptp(np.bincount(host, minlength=4)) <= 1  # still a permutation dealt round-robin
+    np.testing.assert_array_equal(cv.fold_of_case(1000, 4, seed, cupy).get(), host, err_msg=f"seed {seed}")
 
 
 def test_cross_validation_and_bootstrap_on_gpu_equal_numpy() -> None:

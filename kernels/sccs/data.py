@@ -144,7 +144,8 @@ def from_coo(
     """Assemble :class:`SccsData` from eras sorted by case and design nonzeros in any order.
 
     ``era_case`` must be non-decreasing, numbered ``0..N-1`` with every case present and carrying at least
-    one event; each ``(era, column)`` pair may appear once. Arrays may be NumPy or CuPy (not mixed).
+    one event; each ``(era, column)`` pair may appear once (a repeat is refused). Arrays may be NumPy or CuPy
+    (not mixed).
     """
     xp = array_namespace(era_case)
     era_case = xp.asarray(era_case, dtype=xp.int64)
@@ -170,6 +171,11 @@ def from_coo(
             order = xp.argsort(nz_col.astype(xp.uint16), kind="stable")
         else:
             order = xp.argsort(key)
+        ordered = key[order]
+        # The GPU's coordinate kernels read a column's eras of a case before writing any (ccd.cu's SLOT_GROUP):
+        # a pair given twice would lose an update there, so it is refused here (sorted, repeats are neighbours).
+        if ordered.shape[0] > 1 and bool(xp.any(ordered[1:] == ordered[:-1])):
+            raise ValueError("each (era, column) pair of the design may appear once")
         col_rows = nz_era[order]
         col_sorted = nz_col[order]
         col_values = nz_value[order]

@@ -11,7 +11,7 @@ import pytest
 from kernels.backend import is_numpy, to_host
 from kernels.sccs import data as sccs_data
 from kernels.sccs import synthetic
-from kernels.sccs.data import IntervalTables, build_from_tables, eras_from_person_data
+from kernels.sccs.data import IntervalTables, build_from_tables, eras_from_person_data, from_coo
 
 
 def _tables() -> dict[str, np.ndarray]:
@@ -439,3 +439,16 @@ def reference_eras(case_id, observation_start, observation_end, event_case, even
         cov_row_id=entries_array[:, 0], cov_id=entries_array[:, 1],
         cov_value=np.ones(entries_array.shape[0], dtype=np.float64),
     )
+
+
+@pytest.mark.parametrize("n_covariates", [3, 70_000])  # a radix sort by column, or a sort of (column, era) keys
+def test_from_coo_refuses_an_era_column_pair_given_twice(n_covariates: int) -> None:
+    """The GPU's coordinate kernels read a case's eras of a column before writing any: a repeated pair would
+    lose an update there, so the design refuses it (given out of order: no fast path skips the check)."""
+    era_case = np.array([0, 0, 0, 1, 1])
+    length, events = np.ones(5), np.array([1.0, 0.0, 0.0, 0.0, 1.0])
+    rows, cols = np.array([0, 1, 1, 4]), np.array([1, 0, 0, 0])  # eras in order, columns not: (1, 0) twice
+    data = from_coo(era_case, length, events, rows[[0, 1, 3]], cols[[0, 1, 3]], np.ones(3), n_covariates)
+    assert data.nnz == 3
+    with pytest.raises(ValueError, match="pair of the design may appear once"):
+        from_coo(era_case, length, events, rows, cols, np.ones(4), n_covariates)

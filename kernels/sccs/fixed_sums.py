@@ -116,6 +116,7 @@ def row_index(data: SccsData) -> RowIndex:
 @dataclass
 class _Index:
     case_ptr: Any = None
+    log_length: Any = None
     rows: RowIndex | None = None
     chunk_ptr: Any = None
     column_chunk_ptr: Any = None
@@ -144,10 +145,19 @@ def case_ptr(data: SccsData) -> Any:
     return index.case_ptr
 
 
+def log_length(data: SccsData) -> Any:
+    """``log L`` per era (K,), made once per data set (every evaluation of the likelihood reads it)."""
+    index = _index(data)
+    if index.log_length is None:
+        index.log_length = data.xp.log(data.era_length)
+    return index.log_length
+
+
 def prepare(data: SccsData) -> None:
     """Build the data set's device index now (the batch engine does, so that a fit's timing and its memory
-    planning meet it once, up front): case starts, the row-major design and the columns' chunks."""
+    planning meet it once, up front): case starts, ``log L``, the row-major design and the columns' chunks."""
     case_ptr(data)
+    log_length(data)
     _rows(data)
     _chunks(data)
 

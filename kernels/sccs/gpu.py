@@ -137,7 +137,7 @@ class _StateIndex:
     def build(cls, cp: ModuleType, data: SccsData) -> _StateIndex:
         chunk_ptr, column_chunk_ptr = fixed_sums.column_chunks(to_host(data.col_ptr), GRADIENT_CHUNK)
         return cls(cp.asarray(chunk_ptr), cp.asarray(column_chunk_ptr), fixed_sums.case_ptr(data),
-                   cp.log(data.era_length))
+                   fixed_sums.log_length(data))
 
 
 class BatchEngine:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from kernels.backend import is_numpy
-from kernels.sccs import fixed_sums
+from kernels.sccs import fixed_sums, fused
 from kernels.sccs.data import SccsData
 
 PRIOR_KINDS = ("normal", "laplace", "none")
@@ -100,19 +100,24 @@ def case_sums(data: SccsData, values: Any) -> Any:
 
 
 def _case_terms(data: SccsData, eta: Any) -> tuple[Any, Any, Any, Any]:
-    """``log L``, the per-case shift ``m_i``, ``L exp(eta - m)`` per era and its per-case sums ``S_i e^-m_i``."""
+    """``eta + log L``, the per-case shift ``m_i``, ``L exp(eta - m)`` per era and its per-case sums
+    ``S_i e^-m_i``."""
     xp = data.xp
-    log_l = xp.log(data.era_length)
-    shift = case_max(data, eta + log_l)
-    scaled = xp.exp(eta + log_l - shift[data.era_case])
-    sums = case_sums(data, scaled)
-    return log_l, shift, scaled, sums
+    if is_numpy(xp):
+        eta_l = eta + xp.log(data.era_length)
+        shift = case_max(data, eta_l)
+        scaled = xp.exp(eta_l - shift[data.era_case])
+    else:
+        eta_l = eta + fixed_sums.log_length(data)
+        shift = case_max(data, eta_l)
+        scaled = fused.shifted_exp(eta_l, shift, data.era_case)
+    return eta_l, shift, scaled, case_sums(data, scaled)
 
 
-def _log_likelihood(data: SccsData, eta: Any, weights: Any, log_l: Any, shift: Any, sums: Any) -> float:
+def _log_likelihood(data: SccsData, eta_l: Any, weights: Any, shift: Any, sums: Any) -> float:
     xp = data.xp
     log_s = xp.log(sums) + shift
-    numerator = case_sums(data, data.era_events * (eta + log_l))
+    numerator = case_sums(data, data.era_events * eta_l)
     terms = weights * (numerator - data.case_events * log_s)
     return float(np.sum(terms)) if is_numpy(xp) else fixed_sums.total(terms)
 
@@ -121,20 +126,20 @@ def _gradient(data: SccsData, weights: Any, scaled: Any, sums: Any) -> Any:
     xp = data.xp
     if data.nnz == 0:
         return xp.zeros(data.n_covariates, dtype=xp.float64)
+    if not is_numpy(xp):
+        residual = fused.residual(data.era_events, scaled, weights, data.case_events, sums, data.era_case)
+        return fixed_sums.transposed_product(data, residual)
     residual = weights[data.era_case] * (
         data.era_events - data.case_events[data.era_case] * scaled / sums[data.era_case]
     )
-    if not is_numpy(xp):
-        return fixed_sums.transposed_product(data, residual)
     return design_matrix(data).T @ residual
 
 
 def log_likelihood(data: SccsData, beta: Any, case_weights: Any | None = None) -> float:
     """The weighted conditional Poisson log-likelihood ``LL(b)`` above."""
     weights = case_weights_or_ones(data, case_weights)
-    eta = linear_predictor(data, beta)
-    log_l, shift, _, sums = _case_terms(data, eta)
-    return _log_likelihood(data, eta, weights, log_l, shift, sums)
+    eta_l, shift, _, sums = _case_terms(data, linear_predictor(data, beta))
+    return _log_likelihood(data, eta_l, weights, shift, sums)
 
 
 def gradient(data: SccsData, beta: Any, case_weights: Any | None = None) -> Any:
@@ -147,9 +152,8 @@ def gradient(data: SccsData, beta: Any, case_weights: Any | None = None) -> Any:
 def log_likelihood_and_gradient(data: SccsData, beta: Any, case_weights: Any | None = None) -> tuple[float, Any]:
     """Both of the above from one evaluation of ``X b`` and the case sums."""
     weights = case_weights_or_ones(data, case_weights)
-    eta = linear_predictor(data, beta)
-    log_l, shift, scaled, sums = _case_terms(data, eta)
-    return _log_likelihood(data, eta, weights, log_l, shift, sums), _gradient(data, weights, scaled, sums)
+    eta_l, shift, scaled, sums = _case_terms(data, linear_predictor(data, beta))
+    return _log_likelihood(data, eta_l, weights, shift, sums), _gradient(data, weights, scaled, sums)
 
 
 def log_prior(beta: Any, prior: Prior) -> float:

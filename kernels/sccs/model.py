@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from kernels.backend import is_numpy
-from kernels.sccs import fixed_sums, fused
+from kernels.sccs import fixed_sums
 from kernels.sccs.data import SccsData
 
 PRIOR_KINDS = ("normal", "laplace", "none")
@@ -103,14 +103,9 @@ def _case_terms(data: SccsData, eta: Any) -> tuple[Any, Any, Any, Any]:
     """``eta + log L``, the per-case shift ``m_i``, ``L exp(eta - m)`` per era and its per-case sums
     ``S_i e^-m_i``."""
     xp = data.xp
-    if is_numpy(xp):
-        eta_l = eta + xp.log(data.era_length)
-        shift = case_max(data, eta_l)
-        scaled = xp.exp(eta_l - shift[data.era_case])
-    else:
-        eta_l = eta + fixed_sums.log_length(data)
-        shift = case_max(data, eta_l)
-        scaled = fused.shifted_exp(eta_l, shift, data.era_case)
+    eta_l = eta + (xp.log(data.era_length) if is_numpy(xp) else fixed_sums.log_length(data))
+    shift = case_max(data, eta_l)
+    scaled = xp.exp(eta_l - shift[data.era_case])
     return eta_l, shift, scaled, case_sums(data, scaled)
 
 
@@ -126,12 +121,11 @@ def _gradient(data: SccsData, weights: Any, scaled: Any, sums: Any) -> Any:
     xp = data.xp
     if data.nnz == 0:
         return xp.zeros(data.n_covariates, dtype=xp.float64)
-    if not is_numpy(xp):
-        residual = fused.residual(data.era_events, scaled, weights, data.case_events, sums, data.era_case)
-        return fixed_sums.transposed_product(data, residual)
     residual = weights[data.era_case] * (
         data.era_events - data.case_events[data.era_case] * scaled / sums[data.era_case]
     )
+    if not is_numpy(xp):
+        return fixed_sums.transposed_product(data, residual)
     return design_matrix(data).T @ residual
 
 

@@ -328,26 +328,3 @@ def test_gpu_case_max_equals_numpy_exactly() -> None:
     result = host(fixed_sums.case_max(device, cp.asarray(values)))
     assert np.isnan(result[5]) and result[3] == -np.inf and result[7] == np.inf
     np.testing.assert_array_equal(result, reference)
-
-
-@pytest.mark.gpu
-def test_fused_expressions_give_the_bits_of_one_ufunc_per_operation() -> None:
-    """kernels/sccs/fused.py: the exp of the shifted predictor and the gradient's residual, in one pass, against
-    the CuPy expressions they replace (the same operations in the same order: the same bytes)."""
-    cp = pytest.importorskip("cupy")
-    from kernels.sccs import fused
-
-    data = design(seed=14, n_cases=30_000, n_drugs=10).to(cp)
-    generator = np.random.default_rng()
-    eta_l = cp.asarray(generator.normal(0.0, 5.0, data.n_eras) + np.log(host(data.era_length)))
-    shift = model.case_max(data, eta_l)
-    expected = cp.exp(eta_l - shift[data.era_case])
-    scaled = fused.shifted_exp(eta_l, shift, data.era_case)
-    assert host(scaled).tobytes() == host(expected).tobytes()
-    sums = fixed_sums.case_sums(data, scaled)
-    weights = cp.asarray(generator.integers(0, 4, data.n_cases).astype(np.float64) * generator.uniform(0.5, 2.0))
-    expected = weights[data.era_case] * (data.era_events - data.case_events[data.era_case] * scaled
-                                         / sums[data.era_case])
-    got = fused.residual(data.era_events, scaled, weights, data.case_events, sums, data.era_case)
-    assert host(got).tobytes() == host(expected).tobytes()
-    assert bool(cp.all(cp.isfinite(got))) and bool(cp.any(got != 0.0))

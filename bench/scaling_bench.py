@@ -197,16 +197,29 @@ def time_jobs(
     job: dict[str, Any] = {}
     result: dict[str, Any] = {}
     for _ in range(repeats):
-        started = time.perf_counter()
+        started, posted = time.perf_counter(), datetime.datetime.now(datetime.UTC)
         job_id = client.submit(kind, params)["id"]
+        submitted = time.perf_counter() - started
         job = client.wait(job_id, timeout=timeout, poll_interval=0.02)
-        seconds = time.perf_counter() - started
+        seconds, seen = time.perf_counter() - started, datetime.datetime.now(datetime.UTC)
         if job["status"] != "succeeded":
             raise SystemExit(f"job {job_id} ended {job['status']}: {job.get('error')}")
         best = min(best, seconds)
         result = client.result(job_id)
-        print(f"  a job: {seconds:.3f} s, stages {json.dumps(result.get('timings'))}", file=sys.stderr, flush=True)
+        print(f"  a job: {seconds:.3f} s, {timeline(job, posted, submitted, seen)}, stages "
+              f"{json.dumps(result.get('timings'))}", file=sys.stderr, flush=True)
     return best, job, result
+
+
+def timeline(job: dict[str, Any], posted: datetime.datetime, submitted: float, seen: datetime.datetime) -> str:
+    """Where a job's seconds went, from the job's own timestamps (API, workers and this client share the host's
+    clock): the POST, created to the last start (a fanned-out job's finish starts after its chunks), that start
+    to finished (the finish or the whole run, and storing the result), finished to seen by the poll."""
+    created, last_start, finished = (datetime.datetime.fromisoformat(job[key]) for key in ("created_at", "started_at",
+                                                                                  "finished_at"))
+    return (f"timeline: POST {submitted:.3f} s (created {(created - posted).total_seconds():.3f} s after it was "
+            f"sent), created to last start {(last_start - created).total_seconds():.3f} s, to finished "
+            f"{(finished - last_start).total_seconds():.3f} s, seen {(seen - finished).total_seconds():.3f} s later")
 
 
 def wait_until_ready(workers: list[Any], timeout: float) -> None:

@@ -3,10 +3,12 @@
 A job of a kind that splits by replications or folds (:data:`SPLITS`: ``crve_montecarlo``, ``sccs_fit``) and
 is large enough (``GPUEST_FANOUT_CHUNKS`` >= 2, at least ``GPUEST_FANOUT_MIN_BLOCKS`` blocks or batches) is
 fanned out by the worker that claimed it: that worker computes the lead (Monte Carlo's block 0, which fixes the
-centre of the sums; the SCCS bootstrap's final fit), records the chunks (``store/chunks.py``: a row each, with
-attempts and heartbeat like a job) and sends a **chord**, a group of one ``gpuest.run_chunk`` task per chunk
-whose task id is the chunk's id, and ``gpuest.reduce_chunks`` as its callback. Any worker of the queue runs the
-chunks (reading the job's datasets where the kind has any). The callback ends the job in one of two ways:
+centre of the sums; nothing for SCCS, whose chunks need nothing from one another), records the chunks
+(``store/chunks.py``: a row each, with attempts and heartbeat like a job) and sends a **chord**, a group of one
+``gpuest.run_chunk`` task per chunk whose task id is the chunk's id, and ``gpuest.reduce_chunks`` as its
+callback. Any worker of the queue runs the chunks (reading the job's datasets where the kind has any). The
+worker of the last chunk to succeed ends the job at once, as the callback would (the callback then finds it
+done); the callback stands behind it, and the reapers behind both. The job ends in one of two ways:
 
 * a split with a ``reduce`` (Monte Carlo): the chunks' partials reduced in chunk order are the job's result, the
   single run's bit for bit (``kernels/crve/montecarlo_chunks.py``);
@@ -35,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -66,6 +68,7 @@ REDUCE_TASK = "gpuest.reduce_chunks"
 PROGRESS_INTERVAL_SECONDS = 0.5
 CHORD_UNLOCK_INTERVAL_SECONDS = 0.2
 MAX_MESSAGE_CHARS = 2000
+HAND_OVER_AGAIN: Literal["hand over again"] = "hand over again"
 
 
 @dataclass(frozen=True)
@@ -176,8 +179,7 @@ def try_fan_out(job_id: str, worker: str, kind: JobKind, params: dict[str, Any],
     ctx.progress(0.0, f"lead block of {len(specs) + 1} chunks")
     started = time.perf_counter()
     lead_spec, lead_output, specs = split.lead(spec, ctx, specs)
-    # The lead's stages (an SCCS bootstrap's tables and final fit, a Monte Carlo's first block) count in the
-    # job's timings as every chunk's do.
+    # The lead's stages (a Monte Carlo's first block) count in the job's timings as every chunk's do.
     lead_timings = {**ctx.timer.as_dict(), "run": time.perf_counter() - started}
     group_id = str(uuid.uuid4())
     queue = queue or settings.queue
@@ -344,9 +346,26 @@ def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
              run_seconds=round(timings["run"], 3))
     if status != JobStatus.SUCCEEDED:
         job_cache.clear()  # no finish follows a failed or cancelled chunk
-    if recorded and status != JobStatus.SUCCEEDED:
-        settle(claimed.job_id)  # a failed chunk fails its job now; the others stop at their next checkpoint
+    if recorded:
+        # A failed chunk fails its job now (the others stop at their next checkpoint); the last chunk to succeed
+        # ends its job or hands it over to be finished without waiting for the chord's callback (which then
+        # finds it done): where the result backend cannot count parts, celery.chord_unlock polls them, and the
+        # callback came 0.25 s after the last chunk (issue 19). Chunks ending together may each see the other
+        # still running: the callback, or a reaper, settles the job then.
+        settle_quietly(claimed.job_id)
     return status if recorded else None
+
+
+def settle_quietly(job_id: str) -> None:
+    """:func:`settle` where the chord's callback and the reapers stand behind it: a database or broker error is
+    logged, not raised (the chunk's own outcome is stored already)."""
+    try:
+        settle(job_id)
+    except Exception as exc:
+        if not is_infrastructure_error(exc):
+            raise
+        log.error("could not settle a fanned-out job after its chunk; the chord's callback or a reaper will",
+                  job_id=job_id, error=describe(exc))
 
 
 def chunk_ended(chunk_id: str) -> bool:
@@ -437,6 +456,13 @@ def settle(job_id: str) -> JobStatus | None:
     handed = _hand_to_finish(job_id)
     if handed is not None:
         return handed
+    ended = _settle_ended(job_id)
+    return _hand_to_finish(job_id) if ended == HAND_OVER_AGAIN else ended
+
+
+def _settle_ended(job_id: str) -> JobStatus | Literal["hand over again"] | None:
+    """:func:`settle` once the hand-over has declined: the status it set, None, or :data:`HAND_OVER_AGAIN` for a
+    job to finish whose chunks all succeeded after the hand-over had read them."""
     with session_scope() as session:
         job = session.get(Job, job_id)
         if job is None or job.status != JobStatus.RUNNING or not (job.worker or "").startswith(
@@ -454,6 +480,10 @@ def settle(job_id: str) -> JobStatus | None:
         elif all(status == JobStatus.SUCCEEDED for status in statuses):
             split = SPLITS.get(job.kind)
             if split is not None and split.finish is not None:
+                if not job.cancel_requested:
+                    # Its last chunk ended between the hand-over's read and ours (chunks that end together each
+                    # settle the job): hand it over now.
+                    return HAND_OVER_AGAIN
                 status = JobStatus.CANCELLED  # not handed over to be finished: its cancel was requested
             else:
                 status, result, error = _reduced(job, chunks)

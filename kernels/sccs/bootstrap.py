@@ -74,9 +74,10 @@ def replicate_fits(
     batch: int,
     on_cycle: CycleCallback | None = None,
 ) -> ReplicateFits:
-    """The refits of replicates ``chosen`` (of ``replicates``), in the single run's batches of ``batch``
-    (replicates ``0 .. batch - 1``, ``batch .. 2 batch - 1``, ...): of each batch the range meets, the chosen
-    replicates are fitted together (a fit's bits do not depend on the others of its batch).
+    """The refits of replicates ``chosen`` (of ``replicates``), ``batch`` at a time from the range's first. A
+    refit's bits depend only on its own case weights (Philox by the replicate's index), start and variance, not
+    on the others of its batch, so a range gives the single run's refits however it is batched (a chunk of a
+    fanned-out job fits its own range in batches of its own).
 
     ``on_cycle(finished, cycle)`` runs after every cycle of every batch with the number of these refits
     finished so far (progress, and the cancel point: it may raise).
@@ -85,10 +86,10 @@ def replicate_fits(
     iterations = np.zeros(len(chosen), dtype=np.int64)
     converged = np.zeros(len(chosen), dtype=bool)
     gradient_norm = np.zeros(len(chosen))
-    for start in range(chosen.start - chosen.start % batch, chosen.stop, batch):
-        stop = min(start + batch, replicates)
-        first, last = max(start, chosen.start), min(stop, chosen.stop)
-        count = last - first
+    if chosen.start < 0 or chosen.stop > replicates:
+        raise ValueError(f"replicates {chosen.start} .. {chosen.stop - 1} are not among the {replicates}")
+    for first in range(chosen.start, chosen.stop, batch):
+        count = min(batch, chosen.stop - first)
         weights = case_weights(xp, n_cases, first, count, seed)
         results = fitter(np.full(count, variance), weights, np.tile(beta_hat, (count, 1)),
                          offset_callback(on_cycle, first - chosen.start))

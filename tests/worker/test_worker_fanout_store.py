@@ -61,7 +61,10 @@ def rows(job_id: str) -> list[JobChunk]:
         return found
 
 
-def test_chunks_reduce_to_the_single_run_and_a_lost_callback_is_reduced_by_a_reaper(fanned_job: str) -> None:
+def test_chunks_reduce_to_the_single_run_and_a_lost_callback_is_reduced_by_a_reaper(
+    fanned_job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fanout, "settle_quietly", lambda job_id: None)  # workers died after storing
     chunks = rows(fanned_job)
     assert [row.status for row in chunks] == ["succeeded", "queued", "queued", "queued"]
     assert sum(row.spec["size"] for row in chunks) == PARAMS["replications"]
@@ -76,6 +79,23 @@ def test_chunks_reduce_to_the_single_run_and_a_lost_callback_is_reduced_by_a_rea
     assert comparable(job.result) == comparable(run_kind(get_kind("crve_montecarlo"), PARAMS,
                                                          local_context(device="cpu")))
     assert fanout.settle(fanned_job) is None  # once only
+
+
+def test_the_last_chunk_to_succeed_ends_its_job_without_the_callback(fanned_job: str) -> None:
+    """A chunk's worker settles the job once its chunk is stored: the chunks before the last leave it running,
+    the last ends it with the single run's result (no chord callback comes here: nobody consumes it)."""
+    chunks = rows(fanned_job)
+    for row in chunks[1:-1]:
+        assert fanout.execute_chunk(row.id, f"host:2:{row.chunk_index}") == JobStatus.SUCCEEDED
+        assert load(fanned_job).status == JobStatus.RUNNING
+    assert fanout.execute_chunk(chunks[-1].id, "host:2:last") == JobStatus.SUCCEEDED
+    job = load(fanned_job)
+    assert job.status == JobStatus.SUCCEEDED and job.progress == 1.0
+    assert comparable(job.result) == comparable(run_kind(get_kind("crve_montecarlo"), PARAMS,
+                                                         local_context(device="cpu")))
+    assert fanout.settle(fanned_job) is None  # the callback, when it comes, finds it done
+    counts = fanout.reap_chunks(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue)
+    assert counts["reduced"] == 0
 
 
 def test_a_failed_chunk_fails_the_job_at_once_and_cancels_the_queued_chunks(fanned_job: str) -> None:
@@ -94,7 +114,8 @@ def test_a_failed_chunk_fails_the_job_at_once_and_cancels_the_queued_chunks(fann
     assert fanout.execute_chunk(second.id, "w2") is None  # a message that comes later runs nothing
 
 
-def test_a_reduction_that_raises_fails_the_job_once(fanned_job: str) -> None:
+def test_a_reduction_that_raises_fails_the_job_once(fanned_job: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fanout, "settle_quietly", lambda job_id: None)  # workers died after storing
     for row in rows(fanned_job)[1:]:
         assert fanout.execute_chunk(row.id, "w") == JobStatus.SUCCEEDED
     with session_scope() as session:  # a stored output the reduction cannot read

@@ -265,6 +265,27 @@ def test_the_finish_refuses_chunks_of_another_device_kind_or_with_a_gap() -> Non
         sccs_chunks.finish(params, context(datasets), [lead_spec, specs[1]], [lead_output, outputs[1]])
 
 
+def test_the_finish_refuses_bootstrap_chunks_that_fitted_different_final_models() -> None:
+    """Every bootstrap chunk fits the final model itself; a chunk whose fit is not the others' bits (a worker on
+    another kind of device) would have started its refits elsewhere: the finish refuses the job."""
+    case = "bootstrap_normal_real_values"
+    params, datasets = params_of(case), frames_of(case)
+    specs = sccs_chunks.plan(params, 3, min_batches=2) or []
+    lead_spec, lead_output, specs = sccs_chunks.lead(params, context(datasets), specs)
+    assert lead_output == {} and all("beta_hat" not in spec for spec in specs)  # the lead fits nothing
+    outputs = [json.loads(json.dumps(sccs_chunks.run(params, context(datasets), spec))) for spec in specs]
+    assert outputs[0]["final_fit"] == outputs[1]["final_fit"] == outputs[2]["final_fit"]
+    sccs_chunks.finish(params, context(datasets), [lead_spec, *specs], [lead_output, *outputs])  # as they are
+    other = sccs_chunks.fit_from_json(outputs[2]["final_fit"])
+    other.beta[0] = np.nextafter(other.beta[0], np.inf)  # one bit of one coefficient
+    outputs[2]["final_fit"] = sccs_chunks.fit_to_json(other)
+    with pytest.raises(ValueError, match="different final models"):
+        sccs_chunks.finish(params, context(datasets), [lead_spec, *specs], [lead_output, *outputs])
+    without = [{key: value for key, value in output.items() if key != "final_fit"} for output in outputs]
+    with pytest.raises(ValueError, match="no chunk of this bootstrap holds the final fit"):
+        sccs_chunks.finish(params, context(datasets), [lead_spec, *specs], [lead_output, *without])
+
+
 def test_arrays_and_fits_round_trip_through_json_exactly() -> None:
     values = np.array([[0.1 + 0.2, -0.0, math.inf], [np.nan, 5e-324, -1e308]])
     back = sccs_chunks.array_from_json(json.loads(json.dumps(sccs_chunks.array_to_json(values))))

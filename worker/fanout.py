@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 
@@ -68,7 +68,6 @@ REDUCE_TASK = "gpuest.reduce_chunks"
 PROGRESS_INTERVAL_SECONDS = 0.5
 CHORD_UNLOCK_INTERVAL_SECONDS = 0.2
 MAX_MESSAGE_CHARS = 2000
-HAND_OVER_AGAIN: Literal["hand over again"] = "hand over again"
 
 
 @dataclass(frozen=True)
@@ -350,8 +349,8 @@ def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
         # A failed chunk fails its job now (the others stop at their next checkpoint); the last chunk to succeed
         # ends its job or hands it over to be finished without waiting for the chord's callback (which then
         # finds it done): where the result backend cannot count parts, celery.chord_unlock polls them, and the
-        # callback came 0.25 s after the last chunk (issue 19). Chunks ending together may each see the other
-        # still running: the callback, or a reaper, settles the job then.
+        # callback came 0.25 s after the last chunk (issue 19). Each worker reads after storing its own chunk, so
+        # of two chunks ending together the later sees both.
         settle_quietly(claimed.job_id)
     return status if recorded else None
 
@@ -449,20 +448,12 @@ def _resend_queued(chunk_id: str) -> None:
 
 
 def settle(job_id: str) -> JobStatus | None:
-    """End a fanned-out job whose chunks allow it (the chord's callback, a failed chunk, or a reaper): failed
-    as soon as one chunk failed, else once every chunk ended: succeeded with the reduction of the chunks'
-    outputs in order (or ``queued`` for a worker to finish it, for a split with a finish), or cancelled. One
-    conditional UPDATE, so callers racing have one winner; returns the status it set, or None."""
-    handed = _hand_to_finish(job_id)
-    if handed is not None:
-        return handed
-    ended = _settle_ended(job_id)
-    return _hand_to_finish(job_id) if ended == HAND_OVER_AGAIN else ended
-
-
-def _settle_ended(job_id: str) -> JobStatus | Literal["hand over again"] | None:
-    """:func:`settle` once the hand-over has declined: the status it set, None, or :data:`HAND_OVER_AGAIN` for a
-    job to finish whose chunks all succeeded after the hand-over had read them."""
+    """End a fanned-out job whose chunks allow it (the last chunk's worker, the chord's callback, a failed
+    chunk, or a reaper): failed as soon as one chunk failed, else once every chunk ended: succeeded with the
+    reduction of the chunks' outputs in order, or ``queued`` for a worker to finish it (a split with a finish:
+    its message is sent), or cancelled. One read of the job and its chunks and one conditional UPDATE, so callers
+    racing have one winner and each decides on what it read (chunks that end together each settle the job: the
+    later one sees both); returns the status it set, or None."""
     with session_scope() as session:
         job = session.get(Job, job_id)
         if job is None or job.status != JobStatus.RUNNING or not (job.worker or "").startswith(
@@ -474,62 +465,52 @@ def _settle_ended(job_id: str) -> JobStatus | Literal["hand over again"] | None:
         if not failed and any(status not in (JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.FAILED)
                               for status in statuses):
             return None  # chunks still to run
-        result, error = None, None
-        if failed:
-            status, error = JobStatus.FAILED, dict(failed[0].error or {})
-        elif all(status == JobStatus.SUCCEEDED for status in statuses):
-            split = SPLITS.get(job.kind)
-            if split is not None and split.finish is not None:
-                if not job.cancel_requested:
-                    # Its last chunk ended between the hand-over's read and ours (chunks that end together each
-                    # settle the job): hand it over now.
-                    return HAND_OVER_AGAIN
-                status = JobStatus.CANCELLED  # not handed over to be finished: its cancel was requested
-            else:
-                status, result, error = _reduced(job, chunks)
+        split = SPLITS.get(job.kind)
+        finishes = split is not None and split.finish is not None
+        succeeded = all(status == JobStatus.SUCCEEDED for status in statuses)
+        if not failed and succeeded and finishes and not job.cancel_requested:
+            if not chunk_store.hand_to_finish(session, job_id, worker=job.worker or "", chunks=len(chunks)):
+                return None  # another party came first, or a cancel came since the read
+            queue, priority = job.queue or get_settings().queue, job_store.priority_of(session, job_id)
+            handed = True
         else:
-            status = JobStatus.CANCELLED
-        run_seconds = _seconds(job.started_at, utcnow()) or 0.0
-        timings = {"queue_wait": _seconds(job.created_at, job.started_at), "run": run_seconds, "chunks": len(chunks)}
-        if not job_store.finish(session, job_id, worker=job.worker or "", status=status, result=result,
-                                error=error, timings=timings):
-            return None
-        chunk_store.cancel_open_chunks(session, job_id)
-        unfinished = [chunk.id for chunk in chunks[1:] if chunk.status != JobStatus.SUCCEEDED]
+            handed = False
+            result, error = None, None
+            if failed:
+                status, error = JobStatus.FAILED, dict(failed[0].error or {})
+            elif succeeded and not finishes:
+                status, result, error = _reduced(job, chunks)
+            else:  # a chunk cancelled, or a job to finish whose cancel was requested
+                status = JobStatus.CANCELLED
+            run_seconds = _seconds(job.started_at, utcnow()) or 0.0
+            timings = {"queue_wait": _seconds(job.created_at, job.started_at), "run": run_seconds,
+                       "chunks": len(chunks)}
+            if not job_store.finish(session, job_id, worker=job.worker or "", status=status, result=result,
+                                    error=error, timings=timings):
+                return None
+            chunk_store.cancel_open_chunks(session, job_id)
+            unfinished = [chunk.id for chunk in chunks[1:] if chunk.status != JobStatus.SUCCEEDED]
+    if handed:
+        _send_to_finish(job_id, queue, priority, len(chunks))
+        return JobStatus.QUEUED
     log.info("job finished", job_id=job_id, status=status, chunks=len(chunks), run_seconds=round(run_seconds, 3))
     _release_chord(unfinished)
     return status
 
 
-def _hand_to_finish(job_id: str) -> JobStatus | None:
-    """A job of a split with a finish whose chunks all succeeded goes back to its queue, and its message is sent:
-    ``queued``; None when that is not the case (or another party came first, or its cancel was requested: then
-    :func:`settle` ends it as it ends the others)."""
-    with session_scope() as session:
-        job = session.get(Job, job_id)
-        if job is None or job.status != JobStatus.RUNNING or not (job.worker or "").startswith(
-                chunk_store.FANOUT_WORKER_PREFIX):
-            return None
-        split = SPLITS.get(job.kind)
-        if split is None or split.finish is None:
-            return None
-        chunks = chunk_store.chunks_of(session, job_id)
-        if not chunks or any(chunk.status != JobStatus.SUCCEEDED for chunk in chunks):
-            return None
-        if not chunk_store.hand_to_finish(session, job_id, worker=job.worker or "", chunks=len(chunks)):
-            return None
-        queue, priority = job.queue or get_settings().queue, job_store.priority_of(session, job_id)
-    log.info("fanned-out job's chunks succeeded; queued to be finished", job_id=job_id, chunks=len(chunks))
+def _send_to_finish(job_id: str, queue: str, priority: JobPriority, chunks: int) -> None:
+    """The message of a job handed over to be finished (its row says it is queued and when it was sent: if the
+    send fails, a reaper sends it again)."""
+    log.info("fanned-out job's chunks succeeded; queued to be finished", job_id=job_id, chunks=chunks)
     try:
         core.queue.send(job_id, queue=queue, priority=priority)
-    except Exception as exc:  # the row says it is queued and when it was sent: a reaper sends it again
+    except Exception as exc:
         log.error("could not send a fanned-out job to be finished", job_id=job_id, error=describe(exc))
-    return JobStatus.QUEUED
 
 
 def kind_to_run(job_id: str, kind: JobKind) -> tuple[JobKind, bool]:
     """The kind to run a claimed job with, and whether it may fan out. A job whose chunks all succeeded (sent
-    back by :func:`_hand_to_finish`) runs its split's finish with their outputs, their stage seconds added to
+    back by :func:`settle`) runs its split's finish with their outputs, their stage seconds added to
     its own; any other job that has chunks runs whole (the same result by construction) without fanning out
     again; a job without chunks runs as it is."""
     split = SPLITS.get(kind.name)

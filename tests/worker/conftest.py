@@ -193,3 +193,12 @@ def in_process(stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> It
     if pool is not None:
         pool.disconnect()
     app.close()
+
+
+@pytest.fixture
+def chunk_workers_die_after_storing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk's worker stores its chunk and dies before it settles the job (worker/fanout.execute_chunk): what
+    ends the job is then the chord's callback or a reaper, as these tests drive them."""
+    from worker import fanout
+
+    monkeypatch.setattr(fanout, "settle_quietly", lambda job_id: None)

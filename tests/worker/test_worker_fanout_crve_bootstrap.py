@@ -168,9 +168,8 @@ def fan_out_here(job_id: str, dataset_id: str) -> bool:
 
 
 def test_a_bootstrap_whose_callback_is_lost_is_finished_by_a_worker_exactly(
-    bootstrap_in_process: None, stack_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bootstrap_in_process: None, stack_env: dict[str, str], tmp_path: Path, chunk_workers_die_after_storing: None
 ) -> None:
-    monkeypatch.setattr(fanout, "settle_quietly", lambda job_id: None)  # workers died after storing
     data = heteroskedastic_frame(n_obs=8_000)  # chunks of 500 draws: 6 chunks, 3 parts of 2
     params = {**PARAMS, "reps": 2_999, "conf_int": False}
     single, draws = single_run(data, params)

@@ -26,6 +26,7 @@ from store.artifacts import job_artifact_dir
 from store.datasets import ingest
 from store.db import session_scope
 from store.events import list_events
+from store.models import JobChunk
 from tests.kernels.sccs.test_sccs_chunks import comparable, frames
 from tests.worker.conftest import WorkerProcess, load, wait_for
 from tests.worker.test_worker_fanout import chunks_of, finished, start_workers
@@ -144,9 +145,8 @@ def test_a_chunk_whose_worker_is_killed_reruns_alone_and_the_fit_is_unchanged(
 
 
 def test_a_bootstrap_split_whose_callback_is_lost_is_finished_by_a_worker_exactly(
-    in_process: None, stack_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    in_process: None, stack_env: dict[str, str], tmp_path: Path, chunk_workers_die_after_storing: None
 ) -> None:
-    monkeypatch.setattr(fanout, "settle_quietly", lambda job_id: None)  # workers died after storing
     tables = frames(n_cases=600, n_drugs=8)
     single, single_progress = single_run(BOOTSTRAP, tables)
     dataset_ids = stored_tables(tables, tmp_path)
@@ -197,11 +197,9 @@ def test_a_small_sccs_job_is_not_fanned_out(in_process: None, stack_env: dict[st
     assert chunks_of(job_id) == [] and comparable(load(job_id).result) == single_run(small, tables)[0]
 
 
-def bootstrap_with_chunks_stored_unsettled(stack_env: dict[str, str], tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> str:
-    """A small bootstrap fanned out here, every chunk run and stored, and nothing settled since (the chunks'
-    workers died right after storing them): the job's id."""
-    monkeypatch.setattr(fanout, "settle_quietly", lambda job_id: None)  # workers died after storing
+def bootstrap_with_chunks_stored_unsettled(stack_env: dict[str, str], tmp_path: Path) -> str:
+    """A small bootstrap fanned out here, every chunk run and stored, and nothing settled since (with the fixture
+    ``chunk_workers_die_after_storing``): the job's id."""
     dataset_ids = stored_tables(frames(n_cases=300, n_drugs=6), tmp_path)
     job_id = submit_fit(BOOTSTRAP, dataset_ids, stack_env["GPUEST_QUEUE"])
     with session_scope() as session:
@@ -214,30 +212,27 @@ def bootstrap_with_chunks_stored_unsettled(stack_env: dict[str, str], tmp_path: 
 
 
 def test_chunks_ending_together_hand_the_job_over_once_and_never_cancel_it(
-    in_process: None, stack_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    in_process: None, stack_env: dict[str, str], tmp_path: Path, chunk_workers_die_after_storing: None
 ) -> None:
-    """Each chunk's worker settles the job. When two chunks end together, one worker's hand-over may read the
-    chunks before the other's success is stored and decline, then find them all succeeded: it hands the job
-    over then (it once ended it cancelled, "ended cancelled" at 4 GPUs in the device run of 2026-11-26)."""
-    job_id = bootstrap_with_chunks_stored_unsettled(stack_env, tmp_path, monkeypatch)
-    hand_over = fanout._hand_to_finish
-    reads: list[str] = []
-
-    def stale_first_read(job: str) -> JobStatus | None:  # the first read saw a chunk still running
-        reads.append(job)
-        return None if len(reads) == 1 else hand_over(job)
-
-    monkeypatch.setattr(fanout, "_hand_to_finish", stale_first_read)
-    assert fanout.settle(job_id) == JobStatus.QUEUED and len(reads) == 2
-    assert load(job_id).status == JobStatus.QUEUED
+    """Each chunk's worker settles the job. A settle that reads a chunk still running leaves the job running (it
+    once read twice, declined on the first read and ended the job cancelled on the second: "ended cancelled" at
+    4 GPUs in the device run of 2026-11-26); the settle after that chunk is stored hands it over, once."""
+    job_id = bootstrap_with_chunks_stored_unsettled(stack_env, tmp_path)
+    last = chunks_of(job_id)[-1].id
+    with session_scope() as session:  # as the worker of another chunk read it: still running
+        session.get(JobChunk, last).status = JobStatus.RUNNING
+    assert fanout.settle(job_id) is None and load(job_id).status == JobStatus.RUNNING
+    with session_scope() as session:
+        session.get(JobChunk, last).status = JobStatus.SUCCEEDED
+    assert fanout.settle(job_id) == JobStatus.QUEUED and load(job_id).status == JobStatus.QUEUED
     assert fanout.settle(job_id) is None  # handed over once
     assert execute_job(job_id, worker="host:3:finisher") == JobStatus.SUCCEEDED
 
 
 def test_a_job_cancelled_while_its_chunks_end_is_cancelled_not_finished(
-    in_process: None, stack_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    in_process: None, stack_env: dict[str, str], tmp_path: Path, chunk_workers_die_after_storing: None
 ) -> None:
-    job_id = bootstrap_with_chunks_stored_unsettled(stack_env, tmp_path, monkeypatch)
+    job_id = bootstrap_with_chunks_stored_unsettled(stack_env, tmp_path)
     with session_scope() as session:
         job_store.request_cancel(session, job_id, "tester")
     assert fanout.settle(job_id) == JobStatus.CANCELLED

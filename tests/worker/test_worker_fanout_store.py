@@ -62,9 +62,8 @@ def rows(job_id: str) -> list[JobChunk]:
 
 
 def test_chunks_reduce_to_the_single_run_and_a_lost_callback_is_reduced_by_a_reaper(
-    fanned_job: str, monkeypatch: pytest.MonkeyPatch
+    fanned_job: str, chunk_workers_die_after_storing: None
 ) -> None:
-    monkeypatch.setattr(fanout, "settle_quietly", lambda job_id: None)  # workers died after storing
     chunks = rows(fanned_job)
     assert [row.status for row in chunks] == ["succeeded", "queued", "queued", "queued"]
     assert sum(row.spec["size"] for row in chunks) == PARAMS["replications"]
@@ -114,8 +113,7 @@ def test_a_failed_chunk_fails_the_job_at_once_and_cancels_the_queued_chunks(fann
     assert fanout.execute_chunk(second.id, "w2") is None  # a message that comes later runs nothing
 
 
-def test_a_reduction_that_raises_fails_the_job_once(fanned_job: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fanout, "settle_quietly", lambda job_id: None)  # workers died after storing
+def test_a_reduction_that_raises_fails_the_job_once(fanned_job: str, chunk_workers_die_after_storing: None) -> None:
     for row in rows(fanned_job)[1:]:
         assert fanout.execute_chunk(row.id, "w") == JobStatus.SUCCEEDED
     with session_scope() as session:  # a stored output the reduction cannot read

@@ -2,15 +2,22 @@
 # Issue 19's scaling runs in one device call on a machine of several GPUs (nvidia-h100-x4 / -x8).
 # The web stack (FastAPI, Celery, SQLAlchemy, ...) comes as wheels in .whl/ (see bench/gpu_suite.sh for the
 # pip download line; add: fastapi "uvicorn[standard]" python-multipart "celery[redis,sqlalchemy]" sqlalchemy alembic httpx
-# typer rich pyyaml prometheus-client matplotlib jinja2 swagger-ui-bundle, numpy's wheel removed).
+# typer rich pyyaml prometheus-client matplotlib jinja2 swagger-ui-bundle, numpy's wheel removed; the device image
+# has matplotlib, pillow, fonttools, kiwisolver, contourpy, uvloop, pygments and pyyaml: their wheels may be removed
+# too, which keeps .whl and .stack together under the carry's 64 MiB).
 # Usage on the device machine: bash bench/scaling_device.sh [section ...]   (sections: crve ks dc sccs sccsboot
-# crveboot dcbounds; default crve ks dc sccs)
+# crveboot dcbounds; default crve ks dc sccs). STACK=pgredis runs the jobs on PostgreSQL + Redis started from .stack/
+# (carried; `bash bench/stack_services.sh pack` fills it) instead of the embedded SQLite stack.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/scaling}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --find-links .whl pydantic pydantic-settings structlog pytest pytest-timeout \
   fastapi "uvicorn[standard]" python-multipart "celery[redis,sqlalchemy]" sqlalchemy alembic httpx typer rich pyyaml \
   prometheus-client matplotlib jinja2 swagger-ui-bundle 2>&1 | grep -v -i warning | tail -3
+if [ "${STACK:-}" = pgredis ]; then  # the production stack instead of the embedded SQLite one (bench/stack_services.sh)
+  python3 -m pip install -q --no-index --find-links .whl "psycopg[binary]" 2>&1 | grep -v -i warning | tail -3
+  source bench/stack_services.sh start || exit 1
+fi
 nvidia-smi -L; nvidia-smi topo -m | head -8
 GPUS=$(nvidia-smi -L | wc -l); COUNTS="1 2"; [ "$GPUS" -ge 4 ] && COUNTS="1 2 4"; [ "$GPUS" -ge 8 ] && COUNTS="1 2 4 8"
 SECTIONS=${*:-crve ks dc sccs}

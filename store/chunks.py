@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from core.status import TERMINAL_STATUSES, JobStatus
 from store.events import EventLevel, EventType, add_event
@@ -73,8 +73,14 @@ def fan_out(
     return ids
 
 
-def chunks_of(session: Session, job_id: str) -> list[JobChunk]:
-    return list(session.scalars(select(JobChunk).where(JobChunk.job_id == job_id).order_by(JobChunk.chunk_index)))
+def chunks_of(session: Session, job_id: str, *, outputs: bool = True) -> list[JobChunk]:
+    """The job's chunks in order. ``outputs=False`` leaves each chunk's output unread until it is used (a chunk
+    of an SCCS bootstrap holds megabytes of fits, and every chunk's worker reads its job's chunks when it ends:
+    only the last one needs the outputs)."""
+    query = select(JobChunk).where(JobChunk.job_id == job_id).order_by(JobChunk.chunk_index)
+    if not outputs:
+        query = query.options(defer(JobChunk.output))
+    return list(session.scalars(query))
 
 
 def is_fanned_out(session: Session, job_id: str) -> bool:

@@ -459,7 +459,7 @@ def settle(job_id: str) -> JobStatus | None:
         if job is None or job.status != JobStatus.RUNNING or not (job.worker or "").startswith(
                 chunk_store.FANOUT_WORKER_PREFIX):
             return None
-        chunks = chunk_store.chunks_of(session, job_id)
+        chunks = chunk_store.chunks_of(session, job_id, outputs=False)  # a reduction reads them on use
         statuses = [JobStatus(chunk.status) for chunk in chunks]
         failed = [chunk for chunk in chunks if chunk.status == JobStatus.FAILED]
         if not failed and any(status not in (JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.FAILED)
@@ -479,6 +479,7 @@ def settle(job_id: str) -> JobStatus | None:
             if failed:
                 status, error = JobStatus.FAILED, dict(failed[0].error or {})
             elif succeeded and not finishes:
+                chunks = chunk_store.chunks_of(session, job_id)  # now with their outputs, in one read
                 status, result, error = _reduced(job, chunks)
             else:  # a chunk cancelled, or a job to finish whose cancel was requested
                 status = JobStatus.CANCELLED

@@ -11,6 +11,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 from celery import _state as celery_state
+from sqlalchemy import event
 
 import core.queue
 from core.settings import get_settings
@@ -20,7 +21,7 @@ from kernels.crve import jobs as crve_jobs
 from kernels.registry import get_kind
 from store import chunks as chunk_store
 from store import jobs as job_store
-from store.db import session_scope
+from store.db import get_engine, session_scope
 from store.models import JobChunk, utcnow
 from tests.worker.conftest import comparable, load, submit
 from worker import fanout
@@ -95,6 +96,33 @@ def test_the_last_chunk_to_succeed_ends_its_job_without_the_callback(fanned_job:
     assert fanout.settle(fanned_job) is None  # the callback, when it comes, finds it done
     counts = fanout.reap_chunks(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue)
     assert counts["reduced"] == 0
+
+
+def test_a_settle_reads_the_chunks_outputs_only_to_reduce_them(fanned_job: str) -> None:
+    """Every chunk's worker settles the job after storing its chunk; those that find chunks still to run must
+    not read the others' outputs (megabytes a chunk for an SCCS bootstrap): only the last settle reduces."""
+    statements: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        statements.append(statement)
+
+    def reads_outputs() -> bool:  # the outputs of the job's chunks (a chunk's claim reads its own row whole)
+        return any(statement.lstrip().startswith("SELECT") and "job_chunks.output" in statement
+                   and "job_chunks.job_id = " in statement for statement in statements)
+
+    chunks = rows(fanned_job)
+    engine = get_engine()
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        for row in chunks[1:-1]:
+            assert fanout.execute_chunk(row.id, f"host:2:{row.chunk_index}") == JobStatus.SUCCEEDED
+        assert statements and not reads_outputs()
+        assert fanout.execute_chunk(chunks[-1].id, "host:2:last") == JobStatus.SUCCEEDED
+        assert reads_outputs()
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert comparable(load(fanned_job).result) == comparable(run_kind(get_kind("crve_montecarlo"), PARAMS,
+                                                                      local_context(device="cpu")))
 
 
 def test_a_failed_chunk_fails_the_job_at_once_and_cancels_the_queued_chunks(fanned_job: str) -> None:

@@ -129,6 +129,13 @@ def _gradient(data: SccsData, weights: Any, scaled: Any, sums: Any) -> Any:
     return design_matrix(data).T @ residual
 
 
+def era_shares(data: SccsData, beta: Any) -> Any:
+    """``p_k = L_k e^(eta_k) / S_i`` per era (K,) at ``beta``: era k's share of its case's expected events (the
+    Hessian's weights: :func:`kernels.sccs.precondition.hessian_block`, the profile's first guesses)."""
+    _, _, scaled, sums = _case_terms(data, linear_predictor(data, beta))
+    return scaled / sums[data.era_case]
+
+
 def log_likelihood(data: SccsData, beta: Any, case_weights: Any | None = None) -> float:
     """The weighted conditional Poisson log-likelihood ``LL(b)`` above."""
     weights = case_weights_or_ones(data, case_weights)

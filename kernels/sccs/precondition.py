@@ -98,10 +98,7 @@ def hessian_block(data: SccsData, beta: np.ndarray, columns: np.ndarray) -> np.n
     the GPU too (what lets a fanned-out job's chunks make the single run's coordinates): the case sums in a fixed
     order (:func:`model.case_sums`), the two products by cuBLAS, bitwise reproducible on one GPU model."""
     xp = data.xp
-    eta = model.linear_predictor(data, beta)
-    log_weight = eta + xp.log(data.era_length)
-    scaled = xp.exp(log_weight - model.case_max(data, log_weight)[data.era_case])
-    share = scaled / model.case_sums(data, scaled)[data.era_case]
+    share = model.era_shares(data, beta)
     block = _dense(data, columns)
     events = data.case_events
     first = (block * (events[data.era_case] * share)[:, None]).T @ block

@@ -357,10 +357,7 @@ def _local_model(data: SccsData, prior: Prior, beta: np.ndarray, columns: list[i
     profile's slope at a Laplace prior's kink. On the GPU every sum runs in a fixed order (the same first guesses,
     so the same searches, on every run)."""
     xp = data.xp
-    eta = model.linear_predictor(data, beta)
-    log_weight = eta + xp.log(data.era_length)
-    scaled = xp.exp(log_weight - model.case_max(data, log_weight)[data.era_case])
-    share = scaled / model.case_sums(data, scaled)[data.era_case]
+    share = model.era_shares(data, beta)
     col_ptr = np.asarray(to_host(data.col_ptr), dtype=np.int64)
     touched_col_ptr = np.asarray(to_host(data.touched_col_ptr), dtype=np.int64)
     information, gradient = np.zeros(len(columns)), np.zeros(len(columns))

@@ -40,6 +40,7 @@ from types import ModuleType
 from typing import Any
 
 import structlog
+from sqlalchemy.orm import Session
 
 import core.queue
 from core.settings import get_settings
@@ -447,6 +448,19 @@ def _resend_queued(chunk_id: str) -> None:
 # --- the reduction --------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Settled:
+    """What one settle set in its transaction, and what follows its commit: the finish's message (``queued``) or
+    the release of the chord's parts that never returned (an ended job)."""
+
+    status: JobStatus
+    chunks: int
+    queue: str = ""
+    priority: JobPriority = JobPriority.NORMAL
+    unfinished: tuple[str, ...] = ()
+    run_seconds: float = 0.0
+
+
 def settle(job_id: str) -> JobStatus | None:
     """End a fanned-out job whose chunks allow it (the last chunk's worker, the chord's callback, a failed
     chunk, or a reaper): failed as soon as one chunk failed, else once every chunk ended: succeeded with the
@@ -455,48 +469,52 @@ def settle(job_id: str) -> JobStatus | None:
     racing have one winner and each decides on what it read (chunks that end together each settle the job: the
     later one sees both); returns the status it set, or None."""
     with session_scope() as session:
-        job = session.get(Job, job_id)
-        if job is None or job.status != JobStatus.RUNNING or not (job.worker or "").startswith(
-                chunk_store.FANOUT_WORKER_PREFIX):
-            return None
-        chunks = chunk_store.chunks_of(session, job_id, outputs=False)  # a reduction reads them on use
-        statuses = [JobStatus(chunk.status) for chunk in chunks]
-        failed = [chunk for chunk in chunks if chunk.status == JobStatus.FAILED]
-        if not failed and any(status not in (JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.FAILED)
-                              for status in statuses):
-            return None  # chunks still to run
-        split = SPLITS.get(job.kind)
-        finishes = split is not None and split.finish is not None
-        succeeded = all(status == JobStatus.SUCCEEDED for status in statuses)
-        if not failed and succeeded and finishes and not job.cancel_requested:
-            if not chunk_store.hand_to_finish(session, job_id, worker=job.worker or "", chunks=len(chunks)):
-                return None  # another party came first, or a cancel came since the read
-            queue, priority = job.queue or get_settings().queue, job_store.priority_of(session, job_id)
-            handed = True
-        else:
-            handed = False
-            result, error = None, None
-            if failed:
-                status, error = JobStatus.FAILED, dict(failed[0].error or {})
-            elif succeeded and not finishes:
-                chunks = chunk_store.chunks_of(session, job_id)  # now with their outputs, in one read
-                status, result, error = _reduced(job, chunks)
-            else:  # a chunk cancelled, or a job to finish whose cancel was requested
-                status = JobStatus.CANCELLED
-            run_seconds = _seconds(job.started_at, utcnow()) or 0.0
-            timings = {"queue_wait": _seconds(job.created_at, job.started_at), "run": run_seconds,
-                       "chunks": len(chunks)}
-            if not job_store.finish(session, job_id, worker=job.worker or "", status=status, result=result,
-                                    error=error, timings=timings):
-                return None
-            chunk_store.cancel_open_chunks(session, job_id)
-            unfinished = [chunk.id for chunk in chunks[1:] if chunk.status != JobStatus.SUCCEEDED]
-    if handed:
-        _send_to_finish(job_id, queue, priority, len(chunks))
-        return JobStatus.QUEUED
-    log.info("job finished", job_id=job_id, status=status, chunks=len(chunks), run_seconds=round(run_seconds, 3))
-    _release_chord(unfinished)
-    return status
+        settled = _settle_in(session, job_id)
+    if settled is None:
+        return None
+    if settled.status == JobStatus.QUEUED:
+        _send_to_finish(job_id, settled.queue, settled.priority, settled.chunks)
+    else:
+        log.info("job finished", job_id=job_id, status=settled.status, chunks=settled.chunks,
+                 run_seconds=round(settled.run_seconds, 3))
+        _release_chord(settled.unfinished)
+    return settled.status
+
+
+def _settle_in(session: Session, job_id: str) -> _Settled | None:
+    """:func:`settle`'s read and conditional UPDATE, in ``session``."""
+    job = session.get(Job, job_id)
+    if job is None or job.status != JobStatus.RUNNING or not (job.worker or "").startswith(
+            chunk_store.FANOUT_WORKER_PREFIX):
+        return None
+    chunks = chunk_store.chunks_of(session, job_id, outputs=False)  # only a reduction reads them
+    failed = [chunk for chunk in chunks if chunk.status == JobStatus.FAILED]
+    if not failed and any(chunk.status not in TERMINAL_STATUSES for chunk in chunks):
+        return None  # chunks still to run
+    split = SPLITS.get(job.kind)
+    finishes = split is not None and split.finish is not None
+    succeeded = all(chunk.status == JobStatus.SUCCEEDED for chunk in chunks)
+    if not failed and succeeded and finishes and not job.cancel_requested:
+        if not chunk_store.hand_to_finish(session, job_id, worker=job.worker or "", chunks=len(chunks)):
+            return None  # another party came first, or a cancel came since the read
+        return _Settled(JobStatus.QUEUED, len(chunks), queue=job.queue or get_settings().queue,
+                        priority=job_store.priority_of(session, job_id))
+    result, error = None, None
+    if failed:
+        status, error = JobStatus.FAILED, dict(failed[0].error or {})
+    elif succeeded and not finishes:
+        chunks = chunk_store.chunks_of(session, job_id)  # now with their outputs, in one read
+        status, result, error = _reduced(job, chunks)
+    else:  # a chunk cancelled, or a job to finish whose cancel was requested
+        status = JobStatus.CANCELLED
+    run_seconds = _seconds(job.started_at, utcnow()) or 0.0
+    timings = {"queue_wait": _seconds(job.created_at, job.started_at), "run": run_seconds, "chunks": len(chunks)}
+    if not job_store.finish(session, job_id, worker=job.worker or "", status=status, result=result, error=error,
+                            timings=timings):
+        return None
+    chunk_store.cancel_open_chunks(session, job_id)
+    unfinished = tuple(chunk.id for chunk in chunks[1:] if chunk.status != JobStatus.SUCCEEDED)
+    return _Settled(status, len(chunks), unfinished=unfinished, run_seconds=run_seconds)
 
 
 def _send_to_finish(job_id: str, queue: str, priority: JobPriority, chunks: int) -> None:

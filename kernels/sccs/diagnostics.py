@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-from kernels.backend import to_host
-from kernels.sccs.data import SccsData, repeat_by_counts
+from kernels.backend import is_numpy, to_host
+from kernels.sccs import fixed_sums, model
+from kernels.sccs.data import SccsData
 
 MAX_LOG_RR = 10.0  # the MDRR search's bound (SelfControlledCaseSeries' too): RR e^10 ~ 22,000
 _BISECTIONS = 60  # halvings of [0, MAX_LOG_RR]: ~1e-17 on the log scale, below float64 spacing at 10
@@ -47,15 +48,19 @@ class ExposureStatistics:
 
 
 def _segment_sums(xp, values, pointers, n_segments: int):
-    """Sums of ``values`` over the segments ``pointers[s]:pointers[s + 1]`` (a bincount: no long cumsum)."""
-    segment = repeat_by_counts(xp, xp.arange(n_segments), xp.diff(pointers))
-    return xp.bincount(segment, weights=values, minlength=n_segments)
+    """Sums of ``values`` over the segments ``pointers[s]:pointers[s + 1]`` (no long cumsum): on the GPU one block
+    per segment in a fixed order (CuPy's repeat by counts and its atomic bincount took 62 ms a call at the SCCS
+    paper's largest size, serial time in a fanned-out job's finish: issue 19)."""
+    if not is_numpy(xp):
+        return fixed_sums.long_segment_sums(pointers, values)
+    segment = np.repeat(np.arange(n_segments), np.diff(pointers))
+    return np.bincount(segment, weights=values, minlength=n_segments)
 
 
 def exposure_statistics(data: SccsData) -> ExposureStatistics:
     """The per-covariate statistics of ``data``, computed where its arrays live."""
     xp, n_covariates = data.xp, data.n_covariates
-    case_time = xp.bincount(data.era_case, weights=data.era_length, minlength=data.n_cases)
+    case_time = model.case_sums(data, data.era_length)
     time_exposed = _segment_sums(xp, data.era_length[data.col_rows], data.col_ptr, n_covariates)
     time_total = _segment_sums(xp, case_time[data.touched_case], data.touched_col_ptr, n_covariates)
     events = _segment_sums(xp, data.case_events[data.touched_case], data.touched_col_ptr, n_covariates)

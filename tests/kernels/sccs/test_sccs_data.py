@@ -12,6 +12,7 @@ from kernels.backend import is_numpy, to_host
 from kernels.sccs import data as sccs_data
 from kernels.sccs import synthetic
 from kernels.sccs.data import IntervalTables, build_from_tables, eras_from_person_data, from_coo
+from kernels.sccs.jobs import cyclops_frames, load_tables
 
 
 def _tables() -> dict[str, np.ndarray]:
@@ -79,6 +80,21 @@ def test_build_rejects_bad_tables(field: str, value: np.ndarray, message: str, x
     tables[field] = value
     with pytest.raises(ValueError, match=message):
         build_from_tables(**tables, xp=xp)
+
+
+@pytest.mark.parametrize(("table", "column"), [("outcomes", "time"), ("outcomes", "y"),
+                                             ("covariates", "covariateValue")])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_an_uploaded_real_column_with_a_missing_value_is_refused_by_name(
+    table: str, column: str, bad: float, xp: ModuleType
+) -> None:
+    # The uploaded frames' real columns are checked where the tables are built, on their device (the job's
+    # reading of the columns no longer scans them on the host first).
+    frames = cyclops_frames(n_cases=60, n_drugs=4, seed=2)
+    tables = {"outcomes": frames["outcomes_dataset_id"].copy(), "covariates": frames["covariates_dataset_id"].copy()}
+    tables[table].loc[len(tables[table]) // 2, column] = bad
+    with pytest.raises(ValueError, match=f"^{table}.{column} has missing or non-finite values$"):
+        load_tables(tables["outcomes"], tables["covariates"], xp=xp)
 
 
 def test_build_rejects_data_without_events(xp: ModuleType) -> None:

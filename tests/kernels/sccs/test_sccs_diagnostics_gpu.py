@@ -7,13 +7,14 @@ from __future__ import annotations
 import secrets
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from kernels.context import local_context, run_kind
 from kernels.registry import get_kind
 from kernels.sccs import diagnostics as diag
 from kernels.sccs import synthetic
-from kernels.sccs.jobs import cyclops_frames
+from kernels.sccs.jobs import cyclops_frames, load_tables
 
 pytestmark = pytest.mark.gpu
 
@@ -29,6 +30,28 @@ def test_exposure_statistics_on_the_gpu_equal_numpy() -> None:
     for name in ("time_exposed", "time_total", "events"):
         np.testing.assert_allclose(getattr(on_device, name), getattr(on_host, name), rtol=1e-13,
                                    err_msg=f"{name}, seed {seed}")
+
+
+def test_exposure_statistics_on_the_gpu_are_exact_twice_and_zero_for_a_column_without_eras() -> None:
+    # Sums of whole days and event counts: exact in any order, so the device's fixed-order segment sums equal
+    # NumPy's bit for bit; covariate 99's only eras belong to a case without events (dropped), so its column is
+    # empty and every statistic of it is 0.
+    import cupy
+
+    frames = cyclops_frames(n_cases=2000, n_drugs=30, seed=5)
+    outcomes, covariates = frames["outcomes_dataset_id"], frames["covariates_dataset_id"]
+    outcomes = pd.concat([outcomes, pd.DataFrame({"rowId": [10**9], "stratumId": [10**9], "time": [30.0],
+                                                  "y": [0.0]})], ignore_index=True)
+    covariates = pd.concat([covariates, pd.DataFrame({"rowId": [10**9], "covariateId": [99],
+                                                      "covariateValue": [1.0]})], ignore_index=True)
+    host = load_tables(outcomes, covariates).data
+    device = load_tables(outcomes, covariates, xp=cupy).data
+    on_host = diag.exposure_statistics(host)
+    first, second = diag.exposure_statistics(device), diag.exposure_statistics(device)
+    column = int(np.flatnonzero(host.covariate_ids == 99)[0])
+    for name in ("exposed_cases", "time_exposed", "time_total", "events"):
+        assert getattr(first, name).tobytes() == getattr(on_host, name).tobytes() == getattr(second, name).tobytes()
+        assert getattr(first, name)[column] == 0
 
 
 def test_fit_job_diagnostics_on_the_gpu_equal_numpy() -> None:

@@ -19,6 +19,9 @@ and the script exits with status 1 after the table if one does not. Efficiency p
 * ``sccs_bootstrap``: ``sccs_fit`` at variance 0.1 (laplace) with ``--replicates`` (default 200) bootstrap refits,
   on the same tables (``--n-cases`` etc.): fanned out by ranges of replicates, each chunk fitting its own in
   batches as wide as the single run's;
+* ``sccs_analyses``: every one of the J drugs analysed alone (``sccs_analyses``: estimate, 95 % likelihood-ratio
+  interval, p, MDRR) on the same tables: fanned out by groups of analyses when the covariates table has at least
+  ``GPUEST_FANOUT_MIN_ANALYSIS_ROWS`` rows (default 10^7; the paper's largest tables have 95M);
 * ``crve_bootstrap_hc``: ``crve_bootstrap``'s heteroskedastic wild bootstrap (a bootstrap cluster per row),
   y ~ x1 + x2 + x3 with weights, H0: x1 = 0, no interval, on an uploaded Parquet file of ``--n-obs`` rows
   (default 10^7, ``bench/crve_regressions_bench.py``'s hc10m design) with B = ``--draws`` (default 9,999: about
@@ -69,7 +72,8 @@ def parse_args() -> argparse.Namespace:
     where.add_argument("--gpus", type=int, nargs="+", help="worker counts, one worker per GPU")
     where.add_argument("--cpu-workers", type=int, nargs="+", help="worker counts, CPU workers")
     parser.add_argument("--kind", default="crve_montecarlo",
-                        choices=["crve_montecarlo", "sccs_cv", "sccs_bootstrap", "crve_bootstrap_hc"])  # fmt: skip
+                        choices=["crve_montecarlo", "sccs_cv", "sccs_bootstrap", "sccs_analyses",
+                                 "crve_bootstrap_hc"])  # fmt: skip
     parser.add_argument("--replications", type=int, default=10_000_000)
     parser.add_argument("--n-clusters", type=int, default=100)
     parser.add_argument("--cluster-size", type=int, default=32)
@@ -103,7 +107,10 @@ def job_params(args: argparse.Namespace) -> dict[str, Any]:
 
 def sccs_params(args: argparse.Namespace, dataset_ids: dict[str, str]) -> dict[str, Any]:
     """The sccs_fit job: 10-fold CV over Cyclops' 10 variances ("auto"), laplace prior, the paper's criterion;
-    or (``sccs_bootstrap``) the fit at variance 0.1 and ``--replicates`` bootstrap refits."""
+    or (``sccs_bootstrap``) the fit at variance 0.1 and ``--replicates`` bootstrap refits; or the sccs_analyses job
+    of every drug (``sccs_analyses``)."""
+    if args.kind == "sccs_analyses":
+        return dict(dataset_ids)  # every exposure alone, 95 % likelihood-ratio intervals
     if args.kind == "sccs_bootstrap":
         return {**dataset_ids, "prior": {"type": "laplace", "variance": 0.1},
                 "bootstrap": {"replicates": args.replicates, "seed": SCCS_SEED}}

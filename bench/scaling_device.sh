@@ -6,7 +6,7 @@
 # has matplotlib, pillow, fonttools, kiwisolver, contourpy, uvloop, pygments and pyyaml: their wheels may be removed
 # too, which keeps .whl and .stack together under the carry's 64 MiB).
 # Usage on the device machine: bash bench/scaling_device.sh [section ...]   (sections: crve ks dc sccs sccsboot
-# crveboot dcbounds; default crve ks dc sccs). STACK=pgredis runs the jobs on PostgreSQL + Redis started from .stack/
+# sccsanalyses crveboot dcbounds; default crve ks dc sccs). STACK=pgredis runs the jobs on PostgreSQL + Redis started from .stack/
 # (carried; `bash bench/stack_services.sh pack` fills it) instead of the embedded SQLite stack.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -85,5 +85,13 @@ for section in $SECTIONS; do
     timeout 590 python3 bench/scaling_bench.py --kind sccs_bootstrap --gpus $COUNTS --repeats 2 \
       --data-dir var/scaling-sccs 2> "$OUT/sccsboot_stack.log" | tee "$OUT/sccsboot_table.md"
     grep -E "a job:|worker\(s\)" "$OUT/sccsboot_stack.log" | cut -c1-400 ;;
+  sccsanalyses)
+    echo "== sccs_analyses GPU tests (fixed-order sums, any group of analyses) =="
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" -rfEs --timeout 150 \
+      tests/kernels/sccs/test_sccs_analyses_gpu.py 2>&1 | tail -4
+    echo "== sccs_analyses of all 1,428 drugs at N = 3.6M through the stack: $COUNTS =="
+    timeout 400 python3 bench/scaling_bench.py --kind sccs_analyses --gpus $COUNTS --repeats 2 \
+      --data-dir var/scaling-sccs 2> "$OUT/sccsanalyses_stack.log" | tee "$OUT/sccsanalyses_table.md"
+    grep -E "a job:|worker\(s\)" "$OUT/sccsanalyses_stack.log" | cut -c1-400 ;;
   esac
 done

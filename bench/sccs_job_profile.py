@@ -1,4 +1,5 @@
-"""Where an ``sccs_fit`` job's seconds go outside its fits, whole and fanned out, on one device (issue 19).
+"""Where an ``sccs_fit`` (or ``sccs_analyses``) job's seconds go outside its fits, whole and fanned out, on one
+device (issue 19).
 
 The scaling bench (``bench/scaling_bench.py``) times jobs through the HTTP API and reads their stages; the
 seconds between the stages (reading the tables into columns, storing artifacts and the result, the finish's
@@ -40,7 +41,7 @@ PACKAGES = ("kernels/", "worker/", "store/", "core/", "cupy", "numpy", "pandas",
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kind", choices=["sccs_cv", "sccs_bootstrap"], default="sccs_bootstrap")
+    parser.add_argument("--kind", choices=["sccs_cv", "sccs_bootstrap", "sccs_analyses"], default="sccs_bootstrap")
     parser.add_argument("--chunks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--n-cases", type=int, default=scaling_bench.SCCS_LARGE["n_cases"])
     parser.add_argument("--n-drugs", type=int, default=scaling_bench.SCCS_LARGE["n_drugs"])
@@ -100,7 +101,8 @@ def main() -> None:
 
     def submit() -> str:
         with session_scope() as session:
-            job, _ = job_store.create_job(session, owner="bench", kind="sccs_fit", params=params, dataset_ids=ids,
+            kind = "sccs_analyses" if args.kind == "sccs_analyses" else "sccs_fit"
+            job, _ = job_store.create_job(session, owner="bench", kind=kind, params=params, dataset_ids=ids,
                                           queue=get_settings().queue)
             return job.id
 

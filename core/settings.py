@@ -43,7 +43,8 @@ class Settings(BaseSettings):
     # issue 19: one job fanned out over the workers of its queue as a Celery chord (worker/fanout.py)
     fanout_chunks: int = Field(
         0, ge=0, le=1024,
-        description="Chunks a splittable job (crve_montecarlo; sccs_fit's CV or bootstrap) is fanned out into, for "
+        description="Chunks a splittable job (crve_montecarlo; sccs_fit's CV or bootstrap; sccs_analyses; a large "
+        "crve_bootstrap) is fanned out into, for "
         "the workers of its queue; "
         "0 or 1: every job runs whole on one worker (`gpuest serve --gpus/--workers N` sets N)",
     )
@@ -56,6 +57,13 @@ class Settings(BaseSettings):
         3e10, ge=0, description="Fan out a crve_bootstrap job only when it draws at least this many bootstrap "
         "weights (bootstrap clusters x B; about 0.1 ns each on an H100): its draws must outweigh the set-up each "
         "part repeats (docs/scaling.md)",
+    )
+    fanout_min_analysis_rows: int = Field(
+        200_000_000, ge=1, description="Fan out an sccs_analyses job only when its covariates table has at least "
+        "this many rows (the design's nonzeros, which its batch's work follows: about 9 ns a row on an H200 when "
+        "every exposure is analysed, against 4 ns a row to read and build the tables): below it a part's tables "
+        "and the hand-overs outweigh the analyses it takes off the others (the SCCS paper's largest tables, 95M "
+        "rows, run whole; docs/scaling.md)",
     )
     result_backend_url: str | None = Field(
         None, description="Celery result backend the chords of fanned-out jobs count their parts in; default: "

@@ -1,6 +1,7 @@
 """One job fanned out over the workers of its queue as a Celery chord (issue 19).
 
-A job of a kind that splits by replications or folds (:data:`SPLITS`: ``crve_montecarlo``, ``sccs_fit``) and
+A job of a kind that splits by replications, folds or analyses (:data:`SPLITS`: ``crve_montecarlo``, ``sccs_fit``,
+``sccs_analyses``, ``crve_bootstrap``) and
 is large enough (``GPUEST_FANOUT_CHUNKS`` >= 2, at least ``GPUEST_FANOUT_MIN_BLOCKS`` blocks or batches) is
 fanned out by the worker that claimed it: that worker computes the lead (Monte Carlo's block 0, which fixes the
 centre of the sums; nothing for SCCS, whose chunks need nothing from one another), records the chunks
@@ -51,6 +52,7 @@ from kernels.crve import bootstrap_chunks, montecarlo_chunks
 from kernels.crve import montecarlo as mc
 from kernels.progress import JobCancelled
 from kernels.registry import JobKind, get_kind
+from kernels.sccs import analyses_chunks
 from kernels.sccs import chunks as sccs_chunks
 from kernels.spec import JobParams, ResultModel
 from store import chunks as chunk_store
@@ -142,6 +144,12 @@ def _crve_bootstrap_plan(params: Any, xp: ModuleType, chunks: int, min_blocks: i
     return bootstrap_chunks.plan(params, xp, rows, chunks, get_settings().fanout_min_bootstrap_weights)
 
 
+def _sccs_analyses_plan(params: Any, xp: ModuleType, chunks: int, min_blocks: int) -> list[dict[str, Any]] | None:
+    """The parts of an sccs_analyses job: by its covariates table's stored rows (GPUEST_FANOUT_MIN_ANALYSIS_ROWS)."""
+    rows = _dataset_rows(params.covariates_dataset_id)
+    return analyses_chunks.plan(rows, chunks, get_settings().fanout_min_analysis_rows)
+
+
 def _dataset_rows(dataset_id: str) -> int | None:
     def read() -> int | None:
         with session_scope() as session:
@@ -156,6 +164,9 @@ SPLITS: dict[str, Split] = {
     sccs_chunks.KIND: Split(_sccs_plan, sccs_chunks.lead, sccs_chunks.run, finish=sccs_chunks.finish),
     bootstrap_chunks.KIND: Split(
         _crve_bootstrap_plan, bootstrap_chunks.lead, bootstrap_chunks.run, finish=bootstrap_chunks.finish
+    ),
+    analyses_chunks.KIND: Split(
+        _sccs_analyses_plan, analyses_chunks.lead, analyses_chunks.run, finish=analyses_chunks.finish
     ),
 }
 

@@ -14,6 +14,13 @@ bisection on its side, every analysis at once (64 halvings, below float64 resolu
 element-wise passes and bincounts over the chosen columns' nonzeros, so the batch runs on CuPy as on NumPy. An
 estimate beyond +-30 on the log scale (no exposed events, or no unexposed ones) is infinite; an end not reached
 within 20 of the estimate (and at least to +-20) is open (NaN), as in ``profile.py``.
+
+Every sum adds one analysis's own terms in a fixed order: NumPy's ``bincount`` in index order; on the GPU the
+segment sums of :mod:`kernels.sccs.fixed_sums` (a touched case's nonzeros by one thread, an analysis's cases or
+nonzeros by one block), where CuPy's ``bincount`` added with atomics: two runs differed in the last bits, and at
+the SCCS paper's largest size (1,428 analyses, 95M nonzeros) the batch took 7.0 s on an H200, most of it atomics
+contending on a case's nonzeros (issue 19). So an analysis's result does not depend on the other analyses of its
+batch: any split of the analyses gives the same bits (``kernels/sccs/analyses_chunks.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from kernels.backend import to_host
+from kernels.backend import is_numpy, to_host
+from kernels.sccs import fixed_sums, model
 from kernels.sccs.data import SccsData, repeat_by_counts
 
 LIMIT = 30.0  # |b| beyond this is an infinite estimate
@@ -67,33 +75,48 @@ class _Batch:
         slot_begin = xp.asarray(np.cumsum(slot_counts) - slot_counts)
         self.nz_slot = data.nnz_touched[nz] - xp.asarray(touched_col_ptr[columns])[self.nz_owner] \
             + slot_begin[self.nz_owner]
+        # The segments of the sums on the GPU: an analysis's nonzeros and touched cases are contiguous, and a
+        # column's nonzeros come in era order, so grouped by case: nz_slot never decreases.
+        self.nz_owner_ptr = xp.asarray(np.concatenate([[0], np.cumsum(nz_counts)]))
+        self.slot_owner_ptr = xp.asarray(np.concatenate([[0], np.cumsum(slot_counts)]))
+        self.slot_ptr = None if is_numpy(xp) else xp.searchsorted(self.nz_slot, xp.arange(self.n_slots + 1))
         era = data.col_rows[nz]
         self.x = data.col_values[nz]
         self.length = data.era_length[era]
         case = data.touched_case[slot]
         self.events = data.case_events[case]
-        case_time = xp.bincount(data.era_case, weights=data.era_length, minlength=data.n_cases)
-        self.total = case_time[case]
-        exposed = xp.bincount(self.nz_slot, weights=self.length, minlength=self.n_slots)
-        self.unexposed = xp.maximum(self.total - exposed, 0.0)
-        self.sum_yx = xp.bincount(self.nz_owner, weights=data.era_events[era] * self.x, minlength=self.size)
+        self.total = model.case_sums(data, data.era_length)[case]
+        self.unexposed = xp.maximum(self.total - self._per_slot(self.length), 0.0)
+        self.sum_yx = self._per_analysis(self.nz_owner, self.nz_owner_ptr, data.era_events[era] * self.x)
+
+    def _per_slot(self, values: Any) -> Any:
+        """Per touched case of an analysis, the sum of ``values`` over its nonzeros."""
+        if self.slot_ptr is None:
+            return self.xp.bincount(self.nz_slot, weights=values, minlength=self.n_slots)
+        return fixed_sums.segment_sums(self.slot_ptr, values)
+
+    def _per_analysis(self, owner: Any, owner_ptr: Any, values: Any) -> Any:
+        """Per analysis, the sum of ``values`` over its nonzeros or its touched cases (``owner``, ``owner_ptr``)."""
+        if is_numpy(self.xp):
+            return np.bincount(owner, weights=values, minlength=self.size)
+        return fixed_sums.long_segment_sums(owner_ptr, values)
 
     def _weighted(self, b: Any) -> tuple[Any, Any]:
         """Per nonzero L_k e^(b x_k), and per touched case w_t(b)."""
         term = self.length * self.xp.exp(self.xp.clip(b[self.nz_owner] * self.x, -_MAX_EXPONENT, _MAX_EXPONENT))
-        return term, self.unexposed + self.xp.bincount(self.nz_slot, weights=term, minlength=self.n_slots)
+        return term, self.unexposed + self._per_slot(term)
 
     def log_likelihood_ratio(self, b: Any) -> Any:
         """LLR_a(b_a) for every analysis a."""
         _, w = self._weighted(b)
         drop = self.events * (self.xp.log(w) - self.xp.log(self.total))
-        return self.sum_yx * b - self.xp.bincount(self.slot_owner, weights=drop, minlength=self.size)
+        return self.sum_yx * b - self._per_analysis(self.slot_owner, self.slot_owner_ptr, drop)
 
     def score(self, b: Any) -> Any:
         """d LLR_a / d b at b_a for every analysis a (decreasing in b)."""
         term, w = self._weighted(b)
-        slope = self.xp.bincount(self.nz_slot, weights=term * self.x, minlength=self.n_slots)
-        return self.sum_yx - self.xp.bincount(self.slot_owner, weights=self.events * slope / w, minlength=self.size)
+        slope = self._per_slot(term * self.x)
+        return self.sum_yx - self._per_analysis(self.slot_owner, self.slot_owner_ptr, self.events * slope / w)
 
 
 def _bisect(xp: Any, positive_below: Any, low: Any, high: Any) -> Any:
@@ -109,6 +132,9 @@ def single_covariate_fits(data: SccsData, columns: np.ndarray, level: float = 0.
     """Each covariate column of ``columns`` fitted alone by conditional maximum likelihood, with its
     likelihood-ratio interval at ``level`` and p-value, as one batch on ``data``'s device."""
     columns = np.asarray(columns, dtype=np.int64)
+    if columns.size == 0:  # a chunk of a fanned-out job may hold none
+        empty = np.zeros(0)
+        return SingleFits(empty, empty.copy(), empty.copy(), empty.copy(), empty.copy())
     batch = _Batch(data, columns)
     xp = batch.xp
     low, high = xp.full(columns.size, -LIMIT), xp.full(columns.size, LIMIT)

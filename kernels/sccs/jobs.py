@@ -626,6 +626,14 @@ class _AnalysesData:
     names: list[str | None]
 
 
+def load_analyses(params: SccsAnalysesParams, ctx: RunContext) -> tuple[_AnalysesData, np.ndarray]:
+    """The analyses' tables, built on the job's device once per job and worker process (a fanned-out job's finish
+    reuses what its chunk built on the same worker: ``kernels/sccs/analyses_chunks.py``), and the columns to
+    analyse in the result's order."""
+    tables = ctx.reuse(("sccs analyses tables",), lambda: _load_analyses_data(ctx))
+    return tables, _analysis_columns(params, tables)
+
+
 def _load_analyses_data(ctx: RunContext) -> _AnalysesData:
     """Tables of one outcome as ``sccs_fit`` reads them; stacked tables (``outcomeId``) with one column per
     exposure-outcome pair (``kernels/sccs/outcomes.py``)."""
@@ -679,18 +687,23 @@ def _analysis_columns(params: SccsAnalysesParams, tables: _AnalysesData) -> np.n
     return np.asarray([column_of[(c, o)] for o in outcomes for c in wanted if (c, o) in column_of], dtype=np.int64)
 
 
-def run_analyses(params: SccsAnalysesParams, ctx: RunContext) -> SccsAnalysesResult:
+def run_analyses(params: SccsAnalysesParams, ctx: RunContext, computed: SingleFits | None = None) -> SccsAnalysesResult:
     """The ``sccs_analyses`` job: every exposure alone on each outcome's tables, one batch on the job's device
-    (kernels/sccs/analyses.py), then the MDRRs and, with controls, empirical calibration over all the pairs."""
+    (kernels/sccs/analyses.py), then the MDRRs and, with controls, empirical calibration over all the pairs.
+    ``computed``: the analyses' fits in the result's order, computed by a fanned-out job's chunks."""
     ctx.progress(0.0, "loading tables")
-    tables = _load_analyses_data(ctx)
+    tables, columns = load_analyses(params, ctx)
     data = tables.built.data
-    columns = _analysis_columns(params, tables)
     pair_covariate = tables.covariate[columns]
     pair_outcome = [None] * columns.size if tables.outcome is None else tables.outcome[columns].tolist()
-    ctx.progress(0.2, f"fitting {columns.size} analyses")
-    with ctx.stage("analyses"):
-        fits = single_covariate_fits(data, columns, params.level)
+    if computed is None:
+        ctx.progress(0.2, f"fitting {columns.size} analyses")
+        with ctx.stage("analyses"):
+            fits = single_covariate_fits(data, columns, params.level)
+    elif computed.estimate.size != columns.size:
+        raise ValueError(f"the chunks fitted {computed.estimate.size} analyses and this job has {columns.size}")
+    else:
+        fits = computed
     with ctx.stage("diagnostics"):
         statistics = diag.exposure_statistics(data)
         with np.errstate(invalid="ignore", divide="ignore"):

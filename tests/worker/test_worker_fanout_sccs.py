@@ -237,3 +237,34 @@ def test_a_job_cancelled_while_its_chunks_end_is_cancelled_not_finished(
         job_store.request_cancel(session, job_id, "tester")
     assert fanout.settle(job_id) == JobStatus.CANCELLED
     assert load(job_id).status == JobStatus.CANCELLED and load(job_id).result is None
+
+
+def test_a_fanned_out_sccs_analyses_job_gives_the_single_run_exactly(
+    in_process: None, stack_env: dict[str, str], start_worker: Callable[[], WorkerProcess], tmp_path: Path
+) -> None:
+    from tests.kernels.sccs.sccs_helpers import NEGATIVES, biased_study_tables
+
+    tables = biased_study_tables(n_cases=1200, seed=4)
+    params = {"negative_controls": NEGATIVES, "level": 0.9}
+    progress = LocalProgress()
+    single = comparable(run_kind(get_kind("sccs_analyses"), {**params, **{field: field for field in tables}},
+                                 local_context(device="cpu", datasets=tables, progress=progress)))
+    stack_env["GPUEST_FANOUT_MIN_ANALYSIS_ROWS"] = "1"  # these tables are far below the default
+    workers = start_workers(stack_env, start_worker, 2, chunks=2)
+    dataset_ids = stored_tables(tables, tmp_path)
+    with session_scope() as session:
+        job, _ = job_store.create_job(session, owner="tester", kind="sccs_analyses", params={**params, **dataset_ids},
+                                      dataset_ids=dataset_ids, queue=stack_env["GPUEST_QUEUE"])
+        job_id = job.id
+    send(job_id, queue=stack_env["GPUEST_QUEUE"])
+    job = finished(job_id)
+    assert job.status == JobStatus.SUCCEEDED, (job.error, [w.output()[-3000:] for w in workers])
+    assert comparable(job.result) == single
+    assert_stored_artifacts_equal(job_id, job.artifacts, progress)
+    rows = chunks_of(job_id)
+    assert [row.spec["part"] for row in rows] == [[0, 0], [0, 2], [1, 2]]
+    (first, middle), (middle_again, last) = (row.output["analyses"] for row in rows[1:])  # 15 exposures in two
+    assert first == 0 and 0 < middle == middle_again < last == 15  # parts of near-equal work
+    assert all(row.status == JobStatus.SUCCEEDED and row.attempts == 1 for row in rows)
+    assert {int(row.worker.split(":")[1]) for row in rows[1:]} == {worker.process.pid for worker in workers}
+    assert not job.worker.startswith(chunk_store.FANOUT_WORKER_PREFIX) and job.result["timings"]["analyses"] > 0

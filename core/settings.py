@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     )
     fanout_min_analysis_rows: int = Field(
         200_000_000, ge=1, description="Fan out an sccs_analyses job only when its covariates table has at least "
-        "this many rows (the design's nonzeros, which its batch's work follows: about 9 ns a row on an H200 when "
+        "this many rows (the design's nonzeros, which its batch's work follows: about 7.5 ns a row on an H200 when "
         "every exposure is analysed, against 4 ns a row to read and build the tables): below it a part's tables "
         "and the hand-overs outweigh the analyses it takes off the others (the SCCS paper's largest tables, 95M "
         "rows, run whole; docs/scaling.md)",

@@ -16,11 +16,12 @@ estimate beyond +-30 on the log scale (no exposed events, or no unexposed ones) 
 within 20 of the estimate (and at least to +-20) is open (NaN), as in ``profile.py``.
 
 Every sum adds one analysis's own terms in a fixed order: NumPy's ``bincount`` in index order; on the GPU the
-segment sums of :mod:`kernels.sccs.fixed_sums` (a touched case's nonzeros by one thread, an analysis's cases or
-nonzeros by one block), where CuPy's ``bincount`` added with atomics: two runs differed in the last bits, and at
-the SCCS paper's largest size (1,428 analyses, 95M nonzeros) the batch took 7.0 s on an H200, most of it atomics
-contending on a case's nonzeros (issue 19). So an analysis's result does not depend on the other analyses of its
-batch: any split of the analyses gives the same bits (``kernels/sccs/analyses_chunks.py``).
+segment sums of :mod:`kernels.sccs.fixed_sums` (a touched case's nonzeros by one thread; an analysis's cases or
+nonzeros by chunks of fixed size, one block each, then its chunks in order). CuPy's ``bincount`` added with
+atomics until 2026-11-29: two runs differed in the last bits, and at the SCCS paper's largest size (1,428
+analyses, 95M nonzeros) the batch took 7.0 s on an H200, most of it atomics contending on a case's nonzeros
+(issue 19). So an analysis's result does not depend on the other analyses of its batch: any split of the analyses
+gives the same bits (``kernels/sccs/analyses_chunks.py``).
 """
 
 from __future__ import annotations
@@ -77,9 +78,13 @@ class _Batch:
             + slot_begin[self.nz_owner]
         # The segments of the sums on the GPU: an analysis's nonzeros and touched cases are contiguous, and a
         # column's nonzeros come in era order, so grouped by case: nz_slot never decreases.
-        self.nz_owner_ptr = xp.asarray(np.concatenate([[0], np.cumsum(nz_counts)]))
-        self.slot_owner_ptr = xp.asarray(np.concatenate([[0], np.cumsum(slot_counts)]))
-        self.slot_ptr = None if is_numpy(xp) else xp.searchsorted(self.nz_slot, xp.arange(self.n_slots + 1))
+        self.nz_segments = self.slot_segments = self.slot_ptr = None
+        if not is_numpy(xp):
+            # An analysis's nonzeros or cases may be millions (a common drug) or a handful: summed by chunks of
+            # fixed size, each by a block, so one long analysis does not hold the batch up on one block.
+            self.nz_segments = fixed_sums.ChunkedSegments.of(xp, np.concatenate([[0], np.cumsum(nz_counts)]))
+            self.slot_segments = fixed_sums.ChunkedSegments.of(xp, np.concatenate([[0], np.cumsum(slot_counts)]))
+            self.slot_ptr = xp.searchsorted(self.nz_slot, xp.arange(self.n_slots + 1))
         era = data.col_rows[nz]
         self.x = data.col_values[nz]
         self.length = data.era_length[era]
@@ -87,7 +92,7 @@ class _Batch:
         self.events = data.case_events[case]
         self.total = model.case_sums(data, data.era_length)[case]
         self.unexposed = xp.maximum(self.total - self._per_slot(self.length), 0.0)
-        self.sum_yx = self._per_analysis(self.nz_owner, self.nz_owner_ptr, data.era_events[era] * self.x)
+        self.sum_yx = self._per_analysis(self.nz_owner, self.nz_segments, data.era_events[era] * self.x)
 
     def _per_slot(self, values: Any) -> Any:
         """Per touched case of an analysis, the sum of ``values`` over its nonzeros."""
@@ -95,11 +100,12 @@ class _Batch:
             return self.xp.bincount(self.nz_slot, weights=values, minlength=self.n_slots)
         return fixed_sums.segment_sums(self.slot_ptr, values)
 
-    def _per_analysis(self, owner: Any, owner_ptr: Any, values: Any) -> Any:
-        """Per analysis, the sum of ``values`` over its nonzeros or its touched cases (``owner``, ``owner_ptr``)."""
-        if is_numpy(self.xp):
+    def _per_analysis(self, owner: Any, segments: fixed_sums.ChunkedSegments | None, values: Any) -> Any:
+        """Per analysis, the sum of ``values`` over its nonzeros or its touched cases (``owner``; ``segments``
+        on the GPU)."""
+        if segments is None:
             return np.bincount(owner, weights=values, minlength=self.size)
-        return fixed_sums.long_segment_sums(owner_ptr, values)
+        return fixed_sums.chunked_segment_sums(segments, values)
 
     def _weighted(self, b: Any) -> tuple[Any, Any]:
         """Per nonzero L_k e^(b x_k), and per touched case w_t(b)."""
@@ -110,13 +116,13 @@ class _Batch:
         """LLR_a(b_a) for every analysis a."""
         _, w = self._weighted(b)
         drop = self.events * (self.xp.log(w) - self.xp.log(self.total))
-        return self.sum_yx * b - self._per_analysis(self.slot_owner, self.slot_owner_ptr, drop)
+        return self.sum_yx * b - self._per_analysis(self.slot_owner, self.slot_segments, drop)
 
     def score(self, b: Any) -> Any:
         """d LLR_a / d b at b_a for every analysis a (decreasing in b)."""
         term, w = self._weighted(b)
         slope = self._per_slot(term * self.x)
-        return self.sum_yx - self._per_analysis(self.slot_owner, self.slot_owner_ptr, self.events * slope / w)
+        return self.sum_yx - self._per_analysis(self.slot_owner, self.slot_segments, self.events * slope / w)
 
 
 def _bisect(xp: Any, positive_below: Any, low: Any, high: Any) -> Any:

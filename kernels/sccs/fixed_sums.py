@@ -8,7 +8,8 @@ of ``fixed_sums.cu`` add in an order fixed by the input's sizes alone:
 * short segments (a case's eras): one thread per segment, in index order (:func:`segment_sums`,
   :func:`case_sums`);
 * long segments (a column's chunks): one block per segment, each thread in index order, then the block's fixed
-  tree (:func:`long_segment_sums`);
+  tree (:func:`long_segment_sums`); segments of any length (an SCCS analysis's nonzeros): chunks of
+  :data:`CHUNK` by one block each, then each segment's chunks in order (:func:`chunked_segment_sums`);
 * ``X b`` (:func:`linear_predictor`): one thread per era over its nonzeros in increasing column order, from a
   row-major copy of the design built once per data set (by one sort of unique keys: one order whatever the sort);
 * ``X' v`` (:func:`transposed_product`): each column's nonzeros in chunks of :data:`CHUNK`, one block per chunk,
@@ -204,6 +205,28 @@ def long_segment_sums(ptr: Any, values: Any) -> Any:
     if n_segments > 0:
         _kernel("long_segment_sums")((n_segments,), (BLOCK,), (ptr, values, out))
     return out
+
+
+@dataclass(frozen=True)
+class ChunkedSegments:
+    """Segments ``ptr[i] .. ptr[i + 1]`` of any length cut into chunks of at most :data:`CHUNK` (device arrays, as
+    :func:`column_chunks` gives them): :func:`chunked_segment_sums` adds each chunk by one block, then each
+    segment's chunks in order, so a long segment is spread over many blocks and its sum still has one order."""
+
+    chunk_ptr: Any
+    segment_chunk_ptr: Any
+
+    @classmethod
+    def of(cls, cp: ModuleType, ptr: np.ndarray) -> ChunkedSegments:
+        chunk_ptr, segment_chunk_ptr = column_chunks(ptr)
+        return cls(cp.asarray(chunk_ptr), cp.asarray(segment_chunk_ptr))
+
+
+def chunked_segment_sums(segments: ChunkedSegments, values: Any) -> Any:
+    """Per segment, the sum of ``values`` over it: each chunk's sum (:func:`long_segment_sums` over the chunks),
+    then each segment's chunk sums in order. A segment's sum depends on its own values alone (its chunks start at
+    the segment's start)."""
+    return long_segment_sums(segments.segment_chunk_ptr, long_segment_sums(segments.chunk_ptr, values))
 
 
 def case_sums(data: SccsData, values: Any) -> Any:

@@ -233,6 +233,39 @@ def test_gpu_segment_and_row_sums_give_the_same_bytes_twice_in_the_emulated_orde
     assert abs(fixed_sums.total(cp.asarray(rows[2])) - np.sum(rows[2])) <= 1e-12 * np.sum(rows[2])
 
 
+def emulate_chunked_segment_sums(length: int, segment: np.ndarray) -> float:
+    """``chunked_segment_sums`` of one segment: its chunks of CHUNK by long_segment_sums, then its chunk sums."""
+    chunk_ptr, _ = fixed_sums.column_chunks(np.asarray([0, length]))
+    chunk_sums = emulate_long_segment_sums(chunk_ptr, segment)
+    return float(emulate_long_segment_sums(np.asarray([0, chunk_sums.size]), chunk_sums)[0])
+
+
+@pytest.mark.gpu
+def test_gpu_chunked_segment_sums_give_the_same_bytes_twice_alone_or_among_others() -> None:
+    # Segments of every length, up to many chunks (an SCCS analysis of a common drug has millions of nonzeros):
+    # the same bytes twice, NumPy's sums to 1e-12, the emulated order, and a segment's sum alone equals its sum
+    # among the others (what lets a fanned-out sccs_analyses job's parts give the single run's bits).
+    cp = pytest.importorskip("cupy")
+    generator = np.random.default_rng()
+    chunk = fixed_sums.CHUNK
+    lengths = [0, 1, chunk - 1, chunk, chunk + 1, 10 * chunk + 3, 0, 3_000_001, *generator.integers(0, 5000, 300)]
+    ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    values = mixed_magnitude(generator, int(ptr[-1]))
+    _adversarial(values)
+    segments = fixed_sums.ChunkedSegments.of(cp, ptr)
+    sums = _twice(lambda: fixed_sums.chunked_segment_sums(segments, cp.asarray(values)))
+    reference, scale = numpy_segment_sums(ptr, values), numpy_segment_sums(ptr, np.abs(values))
+    assert np.all(np.abs(sums - reference) <= 1e-12 * scale)
+    assert sums[0] == 0.0 and sums[6] == 0.0
+    for i in [1, 2, 3, 4, 5, 7, *generator.choice(range(8, len(lengths)), 10, replace=False).tolist()]:
+        segment = values[ptr[i] : ptr[i + 1]]
+        alone = fixed_sums.chunked_segment_sums(fixed_sums.ChunkedSegments.of(cp, np.asarray([0, segment.size])),
+                                                cp.asarray(segment))
+        assert host(alone).tobytes() == sums[i : i + 1].tobytes()
+        if segment.size <= 10 * chunk + 3:  # the emulation is slow
+            assert sums[i] == emulate_chunked_segment_sums(segment.size, segment)
+
+
 @pytest.mark.gpu
 def test_gpu_model_sums_give_the_same_bytes_twice_and_equal_numpy() -> None:
     """X b, X' v, the case sums and the log-likelihood and gradient on the device (what every fit's finish, the

@@ -58,19 +58,38 @@ def stored_tables(tables: dict[str, pd.DataFrame], tmp_path: Path) -> dict[str, 
     return ids
 
 
-def submit_fit(params: dict[str, Any], dataset_ids: dict[str, str], queue: str) -> str:
+def submit_fit(params: dict[str, Any], dataset_ids: dict[str, str], queue: str, kind: str = KIND) -> str:
     with session_scope() as session:
         job, _ = job_store.create_job(
-            session, owner="tester", kind=KIND, params={**params, **dataset_ids}, dataset_ids=dataset_ids, queue=queue
+            session, owner="tester", kind=kind, params={**params, **dataset_ids}, dataset_ids=dataset_ids, queue=queue
         )
         return job.id
 
 
-def single_run(params: dict[str, Any], tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Any], LocalProgress]:
+def single_run(
+    params: dict[str, Any], tables: dict[str, pd.DataFrame], kind: str = KIND
+) -> tuple[dict[str, Any], LocalProgress]:
     progress = LocalProgress()
     spec = {**params, **{field: field for field in tables}}
-    result = run_kind(get_kind(KIND), spec, local_context(device="cpu", datasets=tables, progress=progress))
+    result = run_kind(get_kind(kind), spec, local_context(device="cpu", datasets=tables, progress=progress))
     return comparable(result), progress
+
+
+def finished_on_both_workers(
+    job_id: str, single: dict[str, Any], single_progress: LocalProgress, workers: list[WorkerProcess]
+) -> tuple[Any, list[JobChunk]]:
+    """The fanned-out job and its chunks, once it ended: it succeeded with the single run's result and artifacts;
+    each chunk succeeded at its first attempt, both workers computed one, and a worker process (not the marker)
+    finished the job."""
+    job = finished(job_id)
+    assert job.status == JobStatus.SUCCEEDED, (job.error, [w.output()[-3000:] for w in workers])
+    assert comparable(job.result) == single
+    assert_stored_artifacts_equal(job_id, job.artifacts, single_progress)
+    rows = chunks_of(job_id)
+    assert all(row.status == JobStatus.SUCCEEDED and row.attempts == 1 and row.device == "cpu" for row in rows)
+    assert {int(row.worker.split(":")[1]) for row in rows[1:]} == {worker.process.pid for worker in workers}
+    assert not job.worker.startswith(chunk_store.FANOUT_WORKER_PREFIX)
+    return job, rows
 
 
 def assert_stored_artifacts_equal(job_id: str, artifacts: dict[str, Any], expected: LocalProgress) -> None:
@@ -96,17 +115,11 @@ def test_a_fanned_out_sccs_cross_validation_gives_the_single_run_exactly(
     workers = start_workers(stack_env, start_worker, 2, chunks=2)
     job_id = submit_fit(CROSS_VALIDATION, stored_tables(tables, tmp_path), stack_env["GPUEST_QUEUE"])
     send(job_id, queue=stack_env["GPUEST_QUEUE"])
-    job = finished(job_id)
-    assert job.status == JobStatus.SUCCEEDED, (job.error, [w.output()[-3000:] for w in workers])
-    assert comparable(job.result) == single
-    assert_stored_artifacts_equal(job_id, job.artifacts, single_progress)
-    rows = chunks_of(job_id)
+    job, rows = finished_on_both_workers(job_id, single, single_progress, workers)
     assert [row.spec["folds"] for row in rows] == [[0, 0], [0, 2], [2, 4]]
-    assert all(row.status == JobStatus.SUCCEEDED and row.attempts == 1 and row.device == "cpu" for row in rows)
-    # Both workers computed a chunk (one job on two workers); then a worker process, not the marker, finished it
-    # as a job (attempts 1: the hand-over gave its attempt back), the chunks' stages counted in its timings.
-    assert {int(row.worker.split(":")[1]) for row in rows[1:]} == {worker.process.pid for worker in workers}
-    assert not job.worker.startswith(chunk_store.FANOUT_WORKER_PREFIX) and job.attempts == 1
+    # A worker finished it as a job (attempts 1: the hand-over gave its attempt back), the chunks' stages counted in
+    # its timings.
+    assert job.attempts == 1
     assert job.result["timings"]["cross_validation"] > 0 and "fit" in job.result["timings"]
     with session_scope() as session:
         messages = [event.message for event in list_events(session, job_id, limit=200, offset=0)[0]]
@@ -246,25 +259,13 @@ def test_a_fanned_out_sccs_analyses_job_gives_the_single_run_exactly(
 
     tables = biased_study_tables(n_cases=1200, seed=4)
     params = {"negative_controls": NEGATIVES, "level": 0.9}
-    progress = LocalProgress()
-    single = comparable(run_kind(get_kind("sccs_analyses"), {**params, **{field: field for field in tables}},
-                                 local_context(device="cpu", datasets=tables, progress=progress)))
+    single, single_progress = single_run(params, tables, kind="sccs_analyses")
     stack_env["GPUEST_FANOUT_MIN_ANALYSIS_ROWS"] = "1"  # these tables are far below the default
     workers = start_workers(stack_env, start_worker, 2, chunks=2)
-    dataset_ids = stored_tables(tables, tmp_path)
-    with session_scope() as session:
-        job, _ = job_store.create_job(session, owner="tester", kind="sccs_analyses", params={**params, **dataset_ids},
-                                      dataset_ids=dataset_ids, queue=stack_env["GPUEST_QUEUE"])
-        job_id = job.id
+    job_id = submit_fit(params, stored_tables(tables, tmp_path), stack_env["GPUEST_QUEUE"], kind="sccs_analyses")
     send(job_id, queue=stack_env["GPUEST_QUEUE"])
-    job = finished(job_id)
-    assert job.status == JobStatus.SUCCEEDED, (job.error, [w.output()[-3000:] for w in workers])
-    assert comparable(job.result) == single
-    assert_stored_artifacts_equal(job_id, job.artifacts, progress)
-    rows = chunks_of(job_id)
+    job, rows = finished_on_both_workers(job_id, single, single_progress, workers)
     assert [row.spec["part"] for row in rows] == [[0, 0], [0, 2], [1, 2]]
     (first, middle), (middle_again, last) = (row.output["analyses"] for row in rows[1:])  # 15 exposures in two
     assert first == 0 and 0 < middle == middle_again < last == 15  # parts of near-equal work
-    assert all(row.status == JobStatus.SUCCEEDED and row.attempts == 1 for row in rows)
-    assert {int(row.worker.split(":")[1]) for row in rows[1:]} == {worker.process.pid for worker in workers}
-    assert not job.worker.startswith(chunk_store.FANOUT_WORKER_PREFIX) and job.result["timings"]["analyses"] > 0
+    assert job.result["timings"]["analyses"] > 0

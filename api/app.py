@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import structlog
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
@@ -25,6 +25,12 @@ from kernels.registry import registry
 from store.migrate import SchemaNotMigratedError, ensure_migrated
 
 log = structlog.get_logger("gpuest.api")
+
+# Every router the app serves, in matching order: the app includes these and nothing else, and the 405 answer's
+# Allow header is derived from the app's routes (api.problems.route_methods).
+ROUTERS: tuple[APIRouter, ...] = (
+    health.router, jobs.router, datasets.router, groups.router, webhooks.router, plots.router, pages.router,
+)
 
 DESCRIPTION = """Heavy estimation jobs on NVIDIA GPUs.
 
@@ -75,19 +81,11 @@ def create_app() -> FastAPI:
     app.state.metrics_registry = metrics_registry
     app.state.public_metrics_registry = public_metrics_registry
     install_problem_handlers(app, sorted(kinds))
-    app.include_router(health.router)
-    app.include_router(jobs.router)
-    app.include_router(datasets.router)
-    app.include_router(groups.router)
-    app.include_router(webhooks.router)
-    app.include_router(plots.router)
-    app.include_router(pages.router)
+    for router in ROUTERS:
+        app.include_router(router)
     app.mount("/static/swagger", StaticFiles(directory=pages.swagger_dir()), name="swagger")
     app.mount("/static", StaticFiles(directory=pages.STATIC_DIR), name="static")
-    app.state.route_methods = route_methods(
-        [*app.router.routes, *health.router.routes, *jobs.router.routes, *datasets.router.routes,
-         *plots.router.routes, *pages.router.routes, *groups.router.routes]
-    )
+    app.state.route_methods = route_methods(app.routes)
     # Uploads stream under their own limit (api.uploads); every other body is a small JSON document.
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_JSON_BODY_BYTES,
                        exempt_prefixes=(datasets.router.prefix, pages.UPLOAD_PATH))

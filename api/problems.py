@@ -14,6 +14,7 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import iter_route_contexts
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute
@@ -310,12 +311,13 @@ def database_unavailable(request: Request) -> JSONResponse:
 RouteMethods = list[tuple[re.Pattern[str], frozenset[str]]]
 
 
-def route_methods(routes: Iterable[BaseRoute]) -> RouteMethods:
+def route_methods(routes: Sequence[BaseRoute]) -> RouteMethods:
     """(path pattern, methods) of every route that has both, for :func:`allowed_methods` (kept on
-    ``app.state.route_methods``: FastAPI's router nests included routers in private types)."""
+    ``app.state.route_methods``). ``routes`` is an app's: the routers it includes are walked with FastAPI's
+    ``iter_route_contexts``, which yields each included route with its prefix applied."""
     return [
         (route.path_regex, frozenset(route.methods))
-        for route in routes
+        for route in iter_route_contexts(routes)
         if isinstance(getattr(route, "path_regex", None), re.Pattern) and getattr(route, "methods", None)
     ]
 

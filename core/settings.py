@@ -22,23 +22,31 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         None,
         validation_alias=AliasChoices("DATABASE_URL", "GPUEST_DATABASE_URL"),
-        description="SQLAlchemy URL; default sqlite:///<data_dir>/gpuest.sqlite3",
+        description="SQLAlchemy URL, e.g. `postgresql+psycopg://user:pw@host/db`; default "
+        "`sqlite:///<data_dir>/gpuest.sqlite3`",
     )
     broker_url: str | None = Field(
         None,
         validation_alias=AliasChoices("BROKER_URL", "REDIS_URL", "GPUEST_BROKER_URL"),
-        description="Celery broker URL; default sqla+sqlite:///<data_dir>/broker.sqlite3",
+        description="Celery broker URL, e.g. `redis://host:6379/0`; default `sqla+sqlite:///<data_dir>/broker.sqlite3`",
     )
-    auth_enabled: bool = Field(True, description="Require 'Authorization: Bearer <api key>'")
+    auth_enabled: bool = Field(
+        True, description="Require `Authorization: Bearer <api key>` (`gpuest serve` sets it to false unless it is set)"
+    )
     local_owner: str = Field("local", description="Owner of every job and dataset when auth is off")
     max_upload_bytes: int = Field(
-        512 * 1024 * 1024, ge=1, description="Largest dataset upload accepted, as sent and once decompressed"
+        512 * 1024 * 1024, ge=1, description="Largest dataset upload accepted, counted as sent and again once "
+        "decompressed (a gzipped CSV, a Parquet file's columns)"
     )
     heartbeat_seconds: float = Field(2.0, gt=0, description="How often a running job writes its heartbeat")
-    stale_after_seconds: float = Field(30.0, gt=0, description="A running job silent this long is reaped")
+    stale_after_seconds: float = Field(
+        30.0, gt=0, description="A running job silent this long is reaped (re-queued or failed)"
+    )
     reaper_interval_seconds: float = Field(5.0, gt=0, description="How often the worker looks for stale jobs")
     max_attempts: int = Field(3, ge=1, description="Runs a job gets before a lost worker fails it")
-    visibility_timeout_seconds: int = Field(43_200, ge=60, description="Redis redelivery delay (longest job)")
+    visibility_timeout_seconds: int = Field(
+        43_200, ge=60, description="Redis redelivery delay (longer than the longest job)"
+    )
     queue: str = Field("gpu", description="Celery queue the API sends to and the worker consumes")
     # issue 19: one job fanned out over the workers of its queue as a Celery chord (worker/fanout.py)
     fanout_chunks: int = Field(
@@ -67,67 +75,67 @@ class Settings(BaseSettings):
     )
     result_backend_url: str | None = Field(
         None, description="Celery result backend the chords of fanned-out jobs count their parts in; default: "
-        "the broker's Redis, else a SQLite file <data_dir>/celery-results.sqlite3",
+        "the broker's Redis, else `db+sqlite:///<data_dir>/celery-results.sqlite3`",
     )
     worker_alive_file: Path | None = Field(
-        None, description="File the worker touches after each reaper pass (for a container healthcheck)"
+        None, description="File the worker touches after each reaper pass; `python -m worker.health` checks its age "
+        "(a container healthcheck)"
     )
-    # issue 11: API
     key_secret: SecretStr | None = Field(
         None, min_length=16,
-        description="Secret of the API keys' keyed hash (HMAC-SHA256); default: generated once into "
-        "<data_dir>/key_secret (mode 0600). Every API process and `gpuest keys` must see the same one",
+        description="Server secret of the API keys' keyed hash (HMAC-SHA256); default: generated once into "
+        "`<data_dir>/key_secret` (mode 0600, never logged). Every API process and `gpuest keys` must share it (set "
+        "it where they do not share a data dir); changing it invalidates every key",
     )
     metrics_token: SecretStr | None = Field(
         None, min_length=16,
-        description="Bearer token that shows /metrics job counts and /readyz failure reasons (operators)",
+        description="`Authorization: Bearer <token>` on `/metrics` adds every owner's job counts, queue depth and "
+        "run times; on `/readyz`, the driver's reason a check failed (host, port)",
     )
     expose_details: bool = Field(
-        False, description="Show /metrics job counts and /readyz failure reasons without a token (trusted networks)"
+        False, description="Show those `/metrics` and `/readyz` details without the token (trusted networks; always "
+        "shown with auth off)"
     )
-    # issue 16: retention
     retention_days: float = Field(
-        0.0, ge=0, description="Finished jobs (result and artifacts) are deleted this many days after they "
-        "finished, by the workers' reaper; 0 keeps them until their owner deletes them"
+        0.0, ge=0, description="Finished jobs, with their results and artifacts, are deleted this many days "
+        "after they finished (by the workers' reaper); 0 keeps them until their owner deletes them "
+        "(`DELETE /v1/jobs/{id}`)"
     )
     retention_days_by_owner: dict[str, float] = Field(
         default_factory=dict, description='Per-owner retention in days, as JSON: {"alice": 30, "ci": 1}; '
         "0 keeps that owner's jobs; owners not named get retention_days"
     )
-    # issue 16: quotas
     max_active_jobs_per_owner: int = Field(
         0, ge=0, description="Queued plus running jobs an owner may have at once; a submission beyond it is "
-        "answered 429 with Retry-After (0: no limit)"
+        "answered 429 with `Retry-After` (a replayed POST is never refused); 0: no limit"
     )
     max_stored_bytes_per_owner: int = Field(
         0, ge=0, description="Bytes of stored datasets an owner may keep; an upload beyond it is answered 429 "
-        "(0: no limit)"
+        "and nothing is stored; 0: no limit"
     )
-    quota_retry_after_seconds: int = Field(30, ge=1, description="Retry-After of a 429 for the running-jobs quota")
-    # issue 16: sweeps
+    quota_retry_after_seconds: int = Field(30, ge=1, description="`Retry-After` of a 429 for the running-jobs quota")
     max_group_jobs: int = Field(
         10_000, ge=1, le=100_000, description="Most member jobs one job group (sweep) may create; a larger grid "
         "or list of specs is answered 422"
     )
-    # issue 16: the first key without exec
     admin_key: SecretStr | None = Field(
         None,  # its form is checked where it is used (a clear one-line error, not a settings traceback)
-        description="An API key (gpe_ and at least 32 characters; e.g. `gpe_$(openssl rand -hex 24)`) that "
+        description="An API key (`gpe_` and at least 32 characters; e.g. `gpe_$(openssl rand -hex 24)`) that "
         "`gpuest db upgrade` (the compose stack's migrate service) registers for admin_owner if it is not "
         "registered yet: the first key of a stack without `docker compose exec`; a revoked one stays revoked",
     )
     admin_key_file: Path | None = Field(
-        None, description="File holding admin_key (a Docker/Compose secret, e.g. /run/secrets/gpuest_admin_key)"
+        None, description="File holding admin_key (a Docker/Compose secret, e.g. `/run/secrets/gpuest_admin_key`)"
     )
     admin_owner: str = Field("admin", min_length=1, description="Owner the admin key acts as")
-    # issue 16: webhooks (store/webhooks.py, worker/webhooks.py)
+    # webhooks: store/webhooks.py signs, worker/webhooks.py delivers
     webhook_secret: SecretStr | None = Field(
         None, min_length=16,
         description="Server secret the per-owner webhook signing secrets are derived from (HMAC-SHA256); "
-        "default: generated once into <data_dir>/webhook_secret (mode 0600). API and workers must see the same one",
+        "default: generated once into `<data_dir>/webhook_secret` (mode 0600). API and workers must see the same one",
     )
     webhook_allow_http: bool = Field(
-        False, description="Accept plain-http callback_url targets on any host (default: https, or http to a "
+        False, description="Accept plain-http `callback_url` targets on any host (default: https, or http to a "
         "loopback address only)"
     )
     webhook_http_hosts: list[str] = Field(
@@ -147,33 +155,34 @@ class Settings(BaseSettings):
     )
     public_url: str | None = Field(
         None, description="Base URL of the API as clients reach it (e.g. https://gpuest.example.org): webhook "
-        "bodies carry absolute links under it; unset, they carry paths such as /v1/jobs/ID/result",
+        "bodies carry absolute links under it; unset, they carry paths such as `/v1/jobs/ID/result`",
     )
-    # issue 16: work per job on CPU workers (kernels/work.py defines each kind's measure)
+    # work per job on CPU workers (kernels/work.py defines each kind's measure)
     cpu_max_work: dict[str, float] = Field(
         default_factory=dict, description='Largest work per job on a CPU worker, per kind, as JSON: '
         '{"crve_montecarlo": 2e9, "ks_solve": 1e8} (units in kernels/work.py); kinds not named are not capped. '
-        "Refused at submission (422) where the API knows jobs run on CPU (GPUEST_DEVICE=cpu, or the embedded "
+        "Refused at submission (422) where the API knows jobs run on CPU (`GPUEST_DEVICE=cpu`, or the embedded "
         "stack without a GPU), else failed by the CPU worker before it computes",
     )
-    # issue 19: datasets read by memory-mapping a decoded copy rather than decoding their Parquet file each run
+    # datasets are read by memory-mapping a decoded copy rather than decoding their Parquet file each run
     decoded_dir: Path | None = Field(
         None, description="Where workers keep Arrow IPC copies of the datasets they read (memory-mapped: a run "
-        "reads its tables without decoding them); default <data_dir>/decoded; on a host-local disk where the "
-        "datasets are on shared storage",
+        "reads its tables without decoding them); default `<data_dir>/decoded`; a disk of the GPU host where the "
+        "data directory is shared (docs/scaling.md)",
     )
     decoded_max_bytes: int = Field(
         32 * 1024**3, ge=0, description="Most bytes of decoded copies kept (least recently read go first); 0: "
         "none, every run decodes the dataset's Parquet file",
     )
-    # issue 11: worker and uploads
     max_upload_rows: int = Field(20_000_000, ge=1, description="Most data rows a dataset upload may hold")
     max_upload_columns: int = Field(1_000, ge=1, description="Most columns a dataset upload may hold")
     worker_retry_seconds: float = Field(
-        15.0, gt=0, description="How long a worker retries a database or broker call (claim, dataset read)"
+        15.0, gt=0, description="How long a worker retries a database or broker call (claim, dataset read) before "
+        "leaving the job to the reaper"
     )
     worker_result_retry_seconds: float = Field(
-        120.0, gt=0, description="How long a worker retries storing a finished job before leaving it to a re-run"
+        120.0, gt=0, description="How long a worker retries storing a finished job's outcome (kept on disk meanwhile) "
+        "before leaving it to the job's next run"
     )
 
     def resolved_admin_key(self) -> str | None:

@@ -1,4 +1,4 @@
-"""The callback_url of a submission (issue 16's webhooks), shared by ``POST /v1/jobs`` and ``POST
+"""The callback_url of a submission (its webhook), shared by ``POST /v1/jobs`` and ``POST
 /v1/job-groups``: the check at submission and the delivery row registered with the job or group. The scheme is
 described in store/webhooks.py."""
 

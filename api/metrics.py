@@ -28,7 +28,7 @@ RUN_SECONDS_BUCKETS: tuple[float, ...] = (
 )
 
 
-# issue 19: each worker advertises its device on the rows it runs (worker.device: the GPU's name and, on a
+# Each worker advertises its device on the rows it runs (worker.device: the GPU's name and, on a
 # worker pinned to one GPU of its host, its number), so the running work per device is read from them.
 RUNNING_HELP = "Jobs and chunks of fanned-out jobs running now, by the device their worker advertises"
 

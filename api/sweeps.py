@@ -1,4 +1,4 @@
-"""A job group request turned into its members (issue 16): the grid's cartesian product or the list of specs,
+"""A job group request (a sweep) turned into its members: the grid's cartesian product or the list of specs,
 each merged over the base spec and checked like a single job. Every problem names where it is: ``grid.<path>``
 for the grid itself, ``members.<i>.<field>`` (with the grid values) or ``specs.<i>.<field>`` for a member."""
 

@@ -1,4 +1,4 @@
-"""A compose file with one GPU worker per GPU of a host (issue 19, item 1): ``gpuest compose-gpus N``.
+"""A compose file with one GPU worker per GPU of a host: ``gpuest compose-gpus N``.
 
 Compose reserves GPUs per service, so G workers on G GPUs are G services, each reserving its GPU by id
 (``device_ids``); inside each container its GPU is device 0. Rather than an override file (Compose merges the

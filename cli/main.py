@@ -586,7 +586,7 @@ def db_upgrade(
 
 
 def _register_admin_key() -> None:
-    """GPUEST_ADMIN_KEY / GPUEST_ADMIN_KEY_FILE: the first key of a stack, registered once (issue 16)."""
+    """GPUEST_ADMIN_KEY / GPUEST_ADMIN_KEY_FILE: the first key of a stack, registered once."""
     from core.settings import get_settings
     from store.db import session_scope
     from store.keys import register_key

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 RUN_JOB_TASK = "gpuest.run_job"
 # kombu's SQLAlchemy transport polls its table once a second by default: up to a second of queue latency.
-# Measured on the embedded stack (2026-11-27, bench/RESULTS.md): from a job's creation to its start 73-93 ms at
-# 0.1 s, 16-50 ms at 0.05 s, 10-29 ms at 0.02 s; an idle worker's polling costs 1.8 %, 3.3 % and 7.3 % of a core.
+# A shorter interval trades an idle worker's CPU for the queue's latency; bench/RESULTS.md ("API and service")
+# records both at 0.1, 0.05 and 0.02 s.
 SQLALCHEMY_POLLING_SECONDS = 0.05
 # Celery message priority per job priority. Redis (kombu) keeps one list per step of priority_steps and
 # takes from the smallest step first: 0 is the highest. (kombu's SQLAlchemy transport ignores priorities:

@@ -1,4 +1,4 @@
-"""A finished job's table artifact registered as a dataset (issue 15, item 5: a pipeline without round trips).
+"""A finished job's table artifact registered as a dataset: a pipeline of jobs without round trips.
 
 ``sccs_eras`` writes the ``outcomes`` and ``covariates`` tables that ``sccs_fit`` reads; registering them
 makes datasets any job can name, with their schema in the database like an upload's, so the columns a spec

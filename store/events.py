@@ -1,4 +1,4 @@
-"""A job's log (issue 16): status changes, stages, retries, re-queues and warnings as rows of ``job_events``,
+"""A job's log: status changes, stages, retries, re-queues and warnings as rows of ``job_events``,
 written in the same transaction as the change they describe, so the log and the job row never disagree."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class EventType(StrEnum):
     RESENT = "resent"
     RETRY = "retry"
     WARNING = "warning"
-    WEBHOOK = "webhook"  # a callback_url delivery attempt (issue 16)
+    WEBHOOK = "webhook"  # a callback_url delivery attempt
 
 
 def add_event(

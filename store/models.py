@@ -95,7 +95,7 @@ class Job(Base):
     timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     artifacts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    # issue 16: a sweep's member knows its group, its place in it and the grid values that made it; every job
+    # A sweep's member knows its group, its place in it and the grid values that made it; every job
     # has a priority (low, normal, high) that orders the queue.
     group_id: Mapped[str | None] = mapped_column(
         String(36), ForeignKey("job_groups.id", ondelete="SET NULL", name="fk_jobs_group_id_job_groups"), nullable=True,
@@ -107,7 +107,7 @@ class Job(Base):
 
 
 class JobGroup(Base):
-    """A sweep (issue 16): one submission that made many member jobs (``Job.group_id``), from a base spec and
+    """A sweep: one submission that made many member jobs (``Job.group_id``), from a base spec and
     a parameter grid or a list of specs. Status and progress are aggregated from the members when read."""
 
     __tablename__ = "job_groups"
@@ -131,7 +131,7 @@ class JobGroup(Base):
 
 
 class JobEvent(Base):
-    """One line of a job's log (issue 16): its status changes, stages, retries, re-queues and warnings, as
+    """One line of a job's log: its status changes, stages, retries, re-queues and warnings, as
     the API and the worker wrote them; served at ``GET /v1/jobs/{id}/events``."""
 
     __tablename__ = "job_events"
@@ -148,7 +148,7 @@ class JobEvent(Base):
 
 
 class WebhookDelivery(Base):
-    """A job's or group's ``callback_url`` (issue 16) and how calling it went: ``waiting`` until its subject
+    """A job's or group's ``callback_url`` and how calling it went: ``waiting`` until its subject
     finishes, then ``pending`` (attempts due at ``next_attempt_at``), ``delivered`` or ``failed`` (attempts
     spent or the target refused by the server's settings). The workers deliver (worker/webhooks.py), so a
     restart loses nothing; ``attempt_log`` holds one short record per attempt."""
@@ -174,7 +174,7 @@ class WebhookDelivery(Base):
 
 
 class JobChunk(Base):
-    """One chunk of a job fanned out over workers (issue 19): a part of a Celery chord whose task id is the
+    """One chunk of a job fanned out over workers: a part of a Celery chord whose task id is the
     chunk's id. Chunk 0 is the lead the parent's worker computed before the fan-out. A chunk has the life of
     a job (queued, running, succeeded, failed, cancelled; attempts, heartbeat, the reaper re-runs it alone);
     ``spec`` says what it computes and ``output`` holds its partial result until the reduction."""

@@ -1,4 +1,4 @@
-"""/v1/job-groups: sweeps (issue 16). One POST with a base spec and a parameter grid (or a list of specs)
+"""/v1/job-groups: sweeps. One POST with a base spec and a parameter grid (or a list of specs)
 creates the group and its member jobs in one transaction; the group's status, progress and counts come from
 its members; cancel reaches every member; ``/results`` is one table (CSV or Parquet) with a row per member:
 its grid values and the result fields asked for."""

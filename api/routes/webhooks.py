@@ -1,4 +1,4 @@
-"""/v1/webhooks: the caller's webhook signing secret (issue 16; the submission check of a callback_url is
+"""/v1/webhooks: the caller's webhook signing secret (the submission check of a callback_url is
 api/callbacks.py). The scheme is described in store/webhooks.py."""
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""The API's routers: jobs, datasets, health and metrics."""
+"""The API's routers, one module per resource; api.app.ROUTERS lists the ones the app serves."""

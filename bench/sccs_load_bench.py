@@ -6,7 +6,7 @@ eras a case, seed 2013) at ``--n-cases`` (default 300,000: 6.3M eras, 7.9M nonze
 stored the way the API's ingest stores an upload (``store.datasets.convert_upload``: 64K-row batches, 32 MB row
 groups); written once per ``--data-dir`` and size. Each repeat then times, in this process:
 
-* the steps of ``kernels.sccs.jobs._load_tables`` one by one: the Parquet read (``pyarrow.parquet.read_table``)
+* the steps of ``kernels.sccs.fit_plan._load_tables`` one by one: the Parquet read (``pyarrow.parquet.read_table``)
   and the conversion to pandas (what ``store.datasets.load_frame`` did before the decoded copies), the same
   frames as ``load_frame`` reads them from this host's decoded copies (memory-mapped Arrow IPC: what
   ``ctx.dataset`` calls), the columns (``select_outcome`` + ``table_columns``: extraction and validation), the
@@ -128,7 +128,7 @@ def table_steps(steps: Steps, xp: Any, paths: dict[str, Path]) -> None:
     import pyarrow.parquet as pq
 
     from kernels.backend import is_numpy
-    from kernels.sccs import jobs, transfer
+    from kernels.sccs import tables, transfer
     from kernels.sccs.data import build_from_tables
     from kernels.sccs.outcomes import select_outcome
     from store.datasets import load_frame
@@ -138,7 +138,7 @@ def table_steps(steps: Steps, xp: Any, paths: dict[str, Path]) -> None:
     arrow.clear()
     frames = steps.time("load_frame from the decoded copies (store.datasets)",
                         lambda: {f: load_frame(p) for f, p in paths.items()})
-    columns = steps.time("columns: select_outcome + table_columns", lambda: jobs.table_columns(*select_outcome(
+    columns = steps.time("columns: select_outcome + table_columns", lambda: tables.table_columns(*select_outcome(
         frames["outcomes_dataset_id"], frames["covariates_dataset_id"], None)))
     if not is_numpy(xp):
         columns = steps.time("copy to the device (transfer.to_device)",
@@ -162,12 +162,12 @@ def chunk_path(steps: Steps, xp: Any, paths: dict[str, Path], params: Any) -> No
     """A CV chunk's path to its first fit, as the job runs it."""
     from kernels.context import RunContext
     from kernels.progress import LocalProgress
-    from kernels.sccs import cv, jobs
+    from kernels.sccs import cv, fit_plan
     from store.datasets import load_frame
 
     ctx = RunContext(xp, LocalProgress(), lambda field: load_frame(paths[field]), dataset_fields=tuple(paths))
     plan = steps.time("chunk: FitPlan.load (all of the above, as the job runs it)",
-                      lambda: jobs.FitPlan.load(params, ctx))
+                      lambda: fit_plan.FitPlan.load(params, ctx))
     for stage, seconds in ctx.timer.as_dict().items():
         if stage != "total":
             steps.add(f"  chunk: of which the job's stage {stage!r}", seconds)
@@ -180,7 +180,7 @@ def finish(steps: Steps, xp: Any, paths: dict[str, Path], params: Any) -> None:
     """The finish's run_fit once, with stand-in CV fits and the worker's artifact writer."""
     from kernels.context import RunContext
     from kernels.progress import LocalProgress
-    from kernels.sccs import cv, jobs
+    from kernels.sccs import cv, fit_job
     from store.artifacts import save_artifact
     from store.datasets import load_frame
 
@@ -199,9 +199,9 @@ def finish(steps: Steps, xp: Any, paths: dict[str, Path], params: Any) -> None:
     n_covariates = 1428
     stand_in = cv.FoldFits(scores, np.ones(scores.shape, dtype=np.int64), np.ones(scores.shape, dtype=bool),
                            np.zeros((*scores.shape, n_covariates)), np.zeros(scores.shape))
-    computed = jobs.ComputedFits(cross_validation=cv.summarise(grid, stand_in))
+    computed = fit_job.ComputedFits(cross_validation=cv.summarise(grid, stand_in))
     ctx = RunContext(xp, WorkerArtifacts(), lambda field: load_frame(paths[field]), dataset_fields=tuple(paths))
-    steps.time("finish: run_fit (all)", lambda: jobs.run_fit(params, ctx, computed))
+    steps.time("finish: run_fit (all)", lambda: fit_job.run_fit(params, ctx, computed))
     for stage, seconds in ctx.timer.as_dict().items():
         if stage != "total":
             steps.add(f"  finish: of which the job's stage {stage!r}", seconds)

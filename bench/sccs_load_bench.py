@@ -3,11 +3,11 @@ step of reading and building the tables, and the finish's final fit and artifact
 
 The tables are ``bench/scaling_bench.py``'s ``sccs_cv`` tables (``kernels.sccs.synthetic``, J = 1,428 drugs, 11-31
 eras a case, seed 2013) at ``--n-cases`` (default 300,000: 6.3M eras, 7.9M nonzeros), written as Parquet and
-stored the way the API's ingest stores an upload (``store.datasets.convert_upload``: 64K-row batches, 32 MB row
+stored the way the API's ingest stores an upload (``store.dataset_ingest.convert_upload``: 64K-row batches, 32 MB row
 groups); written once per ``--data-dir`` and size. Each repeat then times, in this process:
 
 * the steps of ``kernels.sccs.fit_plan._load_tables`` one by one: the Parquet read (``pyarrow.parquet.read_table``)
-  and the conversion to pandas (what ``store.datasets.load_frame`` did before the decoded copies), the same
+  and the conversion to pandas (what ``store.decoded.load_frame`` did before the decoded copies), the same
   frames as ``load_frame`` reads them from this host's decoded copies (memory-mapped Arrow IPC: what
   ``ctx.dataset`` calls), the columns (``select_outcome`` + ``table_columns``: extraction and validation), the
   copy to the device (GPU only) and ``build_from_tables`` (sorts, lookups, CSC and case index);
@@ -66,7 +66,7 @@ def stored_tables(args: argparse.Namespace) -> dict[str, Path]:
     import pyarrow.parquet as pq
 
     from kernels.sccs import synthetic
-    from store.datasets import UploadLimits, convert_upload
+    from store.dataset_ingest import UploadLimits, convert_upload
 
     folder = args.data_dir / f"tables-{args.n_cases}-{args.n_drugs}"
     paths = {"outcomes_dataset_id": folder / "outcomes.parquet", "covariates_dataset_id": folder / "covariates.parquet"}
@@ -131,12 +131,12 @@ def table_steps(steps: Steps, xp: Any, paths: dict[str, Path]) -> None:
     from kernels.sccs import tables, transfer
     from kernels.sccs.data import build_from_tables
     from kernels.sccs.outcomes import select_outcome
-    from store.datasets import load_frame
+    from store.decoded import load_frame
 
     arrow = steps.time("Parquet read (pyarrow read_table)", lambda: {f: pq.read_table(p) for f, p in paths.items()})
     steps.time("Arrow -> pandas (to_pandas)", lambda: {f: table.to_pandas() for f, table in arrow.items()})
     arrow.clear()
-    frames = steps.time("load_frame from the decoded copies (store.datasets)",
+    frames = steps.time("load_frame from the decoded copies (store.decoded)",
                         lambda: {f: load_frame(p) for f, p in paths.items()})
     columns = steps.time("columns: select_outcome + table_columns", lambda: tables.table_columns(*select_outcome(
         frames["outcomes_dataset_id"], frames["covariates_dataset_id"], None)))
@@ -149,7 +149,7 @@ def table_steps(steps: Steps, xp: Any, paths: dict[str, Path]) -> None:
 def first_read(steps: Steps, paths: dict[str, Path]) -> None:
     """``load_frame`` of a dataset this host has no decoded copy of (the Parquet file decoded), then the wait
     for the copies its thread writes meanwhile."""
-    from store.datasets import decoded_path, load_frame, wait_for_decoded_copies
+    from store.decoded import decoded_path, load_frame, wait_for_decoded_copies
 
     for path in paths.values():
         decoded_path(path).unlink(missing_ok=True)
@@ -163,7 +163,7 @@ def chunk_path(steps: Steps, xp: Any, paths: dict[str, Path], params: Any) -> No
     from kernels.context import RunContext
     from kernels.progress import LocalProgress
     from kernels.sccs import cv, fit_plan
-    from store.datasets import load_frame
+    from store.decoded import load_frame
 
     ctx = RunContext(xp, LocalProgress(), lambda field: load_frame(paths[field]), dataset_fields=tuple(paths))
     plan = steps.time("chunk: FitPlan.load (all of the above, as the job runs it)",
@@ -182,7 +182,7 @@ def finish(steps: Steps, xp: Any, paths: dict[str, Path], params: Any) -> None:
     from kernels.progress import LocalProgress
     from kernels.sccs import cv, fit_job
     from store.artifacts import save_artifact
-    from store.datasets import load_frame
+    from store.decoded import load_frame
 
     class WorkerArtifacts(LocalProgress):
         seconds = 0.0

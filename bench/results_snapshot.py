@@ -22,7 +22,7 @@ from typing import Any
 from kernels.context import local_context, namespace_for, run_kind
 from kernels.registry import get_kind
 from kernels.result_diff import compare_leaves
-from kernels.sccs.jobs import cyclops_frames
+from kernels.sccs.examples import cyclops_frames
 
 CASES: list[tuple[str, dict[str, Any], Any]] = [
     (

@@ -128,8 +128,8 @@ def profile(frames: dict[str, Any], label: str) -> None:
     import cupy
 
     from kernels.sccs import ccd, gpu, model, transfer
-    from kernels.sccs.jobs import load_tables, table_columns
     from kernels.sccs.model import Prior
+    from kernels.sccs.tables import load_tables, table_columns
 
     sync = cupy.cuda.Device().synchronize
     parts: dict[str, float] = {}

@@ -82,7 +82,7 @@ def main() -> None:
     from core.settings import get_settings
     from store import chunks as chunk_store
     from store import jobs as job_store
-    from store.datasets import ingest
+    from store.dataset_ingest import ingest
     from store.db import session_scope
     from store.migrate import upgrade_to_head
     from worker import fanout

@@ -3,11 +3,11 @@ step of reading and building the tables, and the finish's final fit and artifact
 
 The tables are ``bench/scaling_bench.py``'s ``sccs_cv`` tables (``kernels.sccs.synthetic``, J = 1,428 drugs, 11-31
 eras a case, seed 2013) at ``--n-cases`` (default 300,000: 6.3M eras, 7.9M nonzeros), written as Parquet and
-stored the way the API's ingest stores an upload (``store.datasets.convert_upload``: 64K-row batches, 32 MB row
+stored the way the API's ingest stores an upload (``store.dataset_ingest.convert_upload``: 64K-row batches, 32 MB row
 groups); written once per ``--data-dir`` and size. Each repeat then times, in this process:
 
-* the steps of ``kernels.sccs.jobs._load_tables`` one by one: the Parquet read (``pyarrow.parquet.read_table``)
-  and the conversion to pandas (what ``store.datasets.load_frame`` did before the decoded copies), the same
+* the steps of ``kernels.sccs.fit_plan._load_tables`` one by one: the Parquet read (``pyarrow.parquet.read_table``)
+  and the conversion to pandas (what ``store.decoded.load_frame`` did before the decoded copies), the same
   frames as ``load_frame`` reads them from this host's decoded copies (memory-mapped Arrow IPC: what
   ``ctx.dataset`` calls), the columns (``select_outcome`` + ``table_columns``: extraction and validation), the
   copy to the device (GPU only) and ``build_from_tables`` (sorts, lookups, CSC and case index);
@@ -66,7 +66,7 @@ def stored_tables(args: argparse.Namespace) -> dict[str, Path]:
     import pyarrow.parquet as pq
 
     from kernels.sccs import synthetic
-    from store.datasets import UploadLimits, convert_upload
+    from store.dataset_ingest import UploadLimits, convert_upload
 
     folder = args.data_dir / f"tables-{args.n_cases}-{args.n_drugs}"
     paths = {"outcomes_dataset_id": folder / "outcomes.parquet", "covariates_dataset_id": folder / "covariates.parquet"}
@@ -128,17 +128,17 @@ def table_steps(steps: Steps, xp: Any, paths: dict[str, Path]) -> None:
     import pyarrow.parquet as pq
 
     from kernels.backend import is_numpy
-    from kernels.sccs import jobs, transfer
+    from kernels.sccs import tables, transfer
     from kernels.sccs.data import build_from_tables
     from kernels.sccs.outcomes import select_outcome
-    from store.datasets import load_frame
+    from store.decoded import load_frame
 
     arrow = steps.time("Parquet read (pyarrow read_table)", lambda: {f: pq.read_table(p) for f, p in paths.items()})
     steps.time("Arrow -> pandas (to_pandas)", lambda: {f: table.to_pandas() for f, table in arrow.items()})
     arrow.clear()
-    frames = steps.time("load_frame from the decoded copies (store.datasets)",
+    frames = steps.time("load_frame from the decoded copies (store.decoded)",
                         lambda: {f: load_frame(p) for f, p in paths.items()})
-    columns = steps.time("columns: select_outcome + table_columns", lambda: jobs.table_columns(*select_outcome(
+    columns = steps.time("columns: select_outcome + table_columns", lambda: tables.table_columns(*select_outcome(
         frames["outcomes_dataset_id"], frames["covariates_dataset_id"], None)))
     if not is_numpy(xp):
         columns = steps.time("copy to the device (transfer.to_device)",
@@ -149,7 +149,7 @@ def table_steps(steps: Steps, xp: Any, paths: dict[str, Path]) -> None:
 def first_read(steps: Steps, paths: dict[str, Path]) -> None:
     """``load_frame`` of a dataset this host has no decoded copy of (the Parquet file decoded), then the wait
     for the copies its thread writes meanwhile."""
-    from store.datasets import decoded_path, load_frame, wait_for_decoded_copies
+    from store.decoded import decoded_path, load_frame, wait_for_decoded_copies
 
     for path in paths.values():
         decoded_path(path).unlink(missing_ok=True)
@@ -162,12 +162,12 @@ def chunk_path(steps: Steps, xp: Any, paths: dict[str, Path], params: Any) -> No
     """A CV chunk's path to its first fit, as the job runs it."""
     from kernels.context import RunContext
     from kernels.progress import LocalProgress
-    from kernels.sccs import cv, jobs
-    from store.datasets import load_frame
+    from kernels.sccs import cv, fit_plan
+    from store.decoded import load_frame
 
     ctx = RunContext(xp, LocalProgress(), lambda field: load_frame(paths[field]), dataset_fields=tuple(paths))
     plan = steps.time("chunk: FitPlan.load (all of the above, as the job runs it)",
-                      lambda: jobs.FitPlan.load(params, ctx))
+                      lambda: fit_plan.FitPlan.load(params, ctx))
     for stage, seconds in ctx.timer.as_dict().items():
         if stage != "total":
             steps.add(f"  chunk: of which the job's stage {stage!r}", seconds)
@@ -180,9 +180,9 @@ def finish(steps: Steps, xp: Any, paths: dict[str, Path], params: Any) -> None:
     """The finish's run_fit once, with stand-in CV fits and the worker's artifact writer."""
     from kernels.context import RunContext
     from kernels.progress import LocalProgress
-    from kernels.sccs import cv, jobs
+    from kernels.sccs import cv, fit_job
     from store.artifacts import save_artifact
-    from store.datasets import load_frame
+    from store.decoded import load_frame
 
     class WorkerArtifacts(LocalProgress):
         seconds = 0.0
@@ -199,9 +199,9 @@ def finish(steps: Steps, xp: Any, paths: dict[str, Path], params: Any) -> None:
     n_covariates = 1428
     stand_in = cv.FoldFits(scores, np.ones(scores.shape, dtype=np.int64), np.ones(scores.shape, dtype=bool),
                            np.zeros((*scores.shape, n_covariates)), np.zeros(scores.shape))
-    computed = jobs.ComputedFits(cross_validation=cv.summarise(grid, stand_in))
+    computed = fit_job.ComputedFits(cross_validation=cv.summarise(grid, stand_in))
     ctx = RunContext(xp, WorkerArtifacts(), lambda field: load_frame(paths[field]), dataset_fields=tuple(paths))
-    steps.time("finish: run_fit (all)", lambda: jobs.run_fit(params, ctx, computed))
+    steps.time("finish: run_fit (all)", lambda: fit_job.run_fit(params, ctx, computed))
     for stage, seconds in ctx.timer.as_dict().items():
         if stage != "total":
             steps.add(f"  finish: of which the job's stage {stage!r}", seconds)

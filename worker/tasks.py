@@ -42,8 +42,9 @@ from kernels.registry import JobKind, get_kind, registry
 from kernels.work import cap_problem
 from store import jobs as job_store
 from store.artifacts import discard_pending_outcome, load_pending_outcome, save_pending_outcome
-from store.datasets import get_dataset, load_frame, prune_decoded_copies
+from store.datasets import get_dataset
 from store.db import session_scope
+from store.decoded import load_frame, prune_decoded_copies
 from store.migrate import SchemaNotMigratedError, ensure_migrated
 from store.models import Job, utcnow
 from worker import fanout

@@ -18,19 +18,8 @@ from core.settings import Settings
 from core.status import JobStatus
 from store import jobs as job_store
 from store.artifact_datasets import ArtifactNotUsableError, register_artifact, table_artifacts
-from store.datasets import (
-    ColumnTypeError,
-    DatasetError,
-    UploadLimitError,
-    UploadLimits,
-    delete_dataset,
-    detect_format,
-    get_dataset,
-    ingest,
-    list_datasets,
-    remove_dataset_files,
-    stored_bytes,
-)
+from store.dataset_ingest import ColumnTypeError, DatasetError, UploadLimitError, UploadLimits, detect_format, ingest
+from store.datasets import delete_dataset, get_dataset, list_datasets, remove_dataset_files, stored_bytes
 from store.db import session_scope, storable_text
 from store.jobs import jobs_using_dataset
 

@@ -4,7 +4,7 @@ the service so that it is tested as numerics (``tests/kernels/sccs/test_sccs_ana
 Which analyses a job runs, and in what order, is known only once its tables are read (every exposure of every
 outcome unless ``pairs`` or ``exposures`` name them), so the plan fixes no analyses: part i of n reads and builds
 the tables itself (as the single run does), lists the job's analyses as the single run lists them
-(:func:`kernels.sccs.jobs.load_analyses`), and fits the i-th of n contiguous groups of them of near-equal work,
+(:func:`kernels.sccs.analyses_job.load_analyses`), and fits the i-th of n contiguous groups of them of near-equal work,
 weighed by their columns' nonzeros (:func:`kernels.ranges.weighted_range`: an analysis's columns can differ a
 hundredfold, and in the SCCS paper-sized synthetic tables the first 13 of 1,428 drugs hold half the nonzeros; a
 part holds none when there are fewer analyses than parts). The lead fixes nothing and fits nothing: the worker
@@ -35,8 +35,8 @@ from kernels.context import RunContext
 from kernels.ranges import weighted_range
 from kernels.sccs import chunks as fit_chunks
 from kernels.sccs.analyses import SingleFits, single_covariate_fits
+from kernels.sccs.analyses_job import load_analyses, run_analyses
 from kernels.sccs.data import SccsData
-from kernels.sccs.jobs import load_analyses, run_analyses
 from kernels.sccs.spec import SccsAnalysesParams, SccsAnalysesResult
 
 KIND = "sccs_analyses"

@@ -15,7 +15,7 @@ Two splits, one per job (the first that applies):
   are the same bits. The lead fixes nothing, as for cross-validation.
 
 The **finish** then runs on any worker of the queue as the single run would, taking the chunks' fits instead of
-computing them (:class:`kernels.sccs.jobs.ComputedFits`): the CV curve and the chosen variance from every fold in
+computing them (:class:`kernels.sccs.fit_job.ComputedFits`): the CV curve and the chosen variance from every fold in
 order, the final fit, the bootstrap's percentile intervals over every replicate in order, then profiles,
 diagnostics, calibration and artifacts. It needs the tables and the device, so it is a job run, not a reduction
 in the chord's callback (``worker/fanout.py``).
@@ -52,7 +52,8 @@ from kernels.ranges import even_ranges
 from kernels.sccs import bootstrap as boot
 from kernels.sccs import ccd
 from kernels.sccs import cv as crossval
-from kernels.sccs.jobs import ComputedFits, FitPlan, final_fit, run_fit
+from kernels.sccs.fit_job import ComputedFits, run_fit
+from kernels.sccs.fit_plan import FitPlan, final_fit
 from kernels.sccs.spec import SccsParams, SccsResult
 
 KIND = "sccs_fit"

@@ -76,7 +76,7 @@ class PairColumns:
 
 
 def pair_columns(columns: dict[str, np.ndarray], outcome_of_row: np.ndarray) -> PairColumns:
-    """Rename ``columns`` (as :func:`kernels.sccs.jobs.table_columns` reads them) for the pairs of stacked
+    """Rename ``columns`` (as :func:`kernels.sccs.tables.table_columns` reads them) for the pairs of stacked
     tables whose row ``i`` belongs to outcome ``outcome_of_row[i]``."""
     row_id = columns["row_id"]
     order = np.argsort(row_id, kind="stable")

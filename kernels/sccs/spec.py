@@ -14,7 +14,7 @@ DEFAULT_CV_SEED = 20130411
 DEFAULT_BOOTSTRAP_SEED = 20130412
 
 
-# The columns each table must have (as the runners read them: kernels/sccs/jobs.py); checked at submission
+# The columns each table must have (as the runners read them: kernels/sccs/tables.py); checked at submission
 # against the stored datasets' schemas, so a missing column is a 422 naming the field, not a failed job.
 FIT_COLUMNS = {
     "outcomes_dataset_id": ("rowId", "stratumId", "time", "y"),

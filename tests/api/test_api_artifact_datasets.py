@@ -119,7 +119,8 @@ def test_deleting_the_job_leaves_the_dataset_and_deleting_the_dataset_leaves_the
     spec = {"kind": "sccs_fit", "params": {"outcomes_dataset_id": second, "covariates_dataset_id": second}}
     problem = assert_problem(client.post("/v1/jobs", json=spec, headers=alice), 422)  # still there: its columns
     assert _field_errors(problem) == {"params.covariates_dataset_id": "dataset_column"}
-    from store.datasets import get_dataset, load_frame
+    from store.datasets import get_dataset
+    from store.decoded import load_frame
 
     with session_scope() as session:
         stored = get_dataset(session, second, "alice")

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from core.settings import get_settings
-from store.datasets import decoded_path, load_frame, prune_decoded_copies, wait_for_decoded_copies
 from store.db import session_scope
+from store.decoded import decoded_path, load_frame, prune_decoded_copies, wait_for_decoded_copies
 from store.models import Dataset
 
 GOOD_CSV = b"y,x,label\n1.5,1,a\n2.5,2,b\n3.0,3,c\n"

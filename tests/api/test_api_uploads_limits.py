@@ -23,8 +23,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from core.settings import get_settings
-from store.datasets import CSV_BLOCK_BYTES, load_frame
+from store.dataset_ingest import CSV_BLOCK_BYTES
 from store.db import session_scope
+from store.decoded import load_frame
 from store.models import Dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

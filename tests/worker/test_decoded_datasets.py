@@ -1,4 +1,4 @@
-"""A run's dataset read (``store.datasets.load_frame``) from this host's decoded copy (issue 19): the frame of
+"""A run's dataset read (``store.decoded.load_frame``) from this host's decoded copy: the frame of
 decoding the Parquet file, column for column and dtype for dtype, for every kind of column an upload may hold;
 a frame a runner may write into without touching the copy; damaged copies rebuilt; the copies' disk budget."""
 
@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.settings import get_settings
-from store.datasets import decoded_path, load_frame, wait_for_decoded_copies
+from store.decoded import decoded_path, load_frame, wait_for_decoded_copies
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from kernels.context import RunContext
 from kernels.registry import JobKind, KindExample
 from kernels.spec import JobParams, ResultModel
 from store import jobs as job_store
-from store.datasets import ingest
+from store.dataset_ingest import ingest
 from store.db import session_scope
 from tests.worker.conftest import load
 from worker.tasks import execute_job

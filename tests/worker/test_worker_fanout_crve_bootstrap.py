@@ -24,7 +24,7 @@ from kernels.registry import get_kind
 from store import chunks as chunk_store
 from store import jobs as job_store
 from store.artifacts import job_artifact_dir
-from store.datasets import ingest
+from store.dataset_ingest import ingest
 from store.db import session_scope
 from tests.worker.conftest import WorkerProcess, comparable, load, wait_for
 from tests.worker.test_worker_fanout import chunks_of, finished, start_workers

@@ -23,7 +23,7 @@ from kernels.registry import get_kind
 from store import chunks as chunk_store
 from store import jobs as job_store
 from store.artifacts import job_artifact_dir
-from store.datasets import ingest
+from store.dataset_ingest import ingest
 from store.db import session_scope
 from store.events import list_events
 from store.models import JobChunk

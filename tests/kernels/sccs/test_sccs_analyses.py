@@ -92,7 +92,7 @@ def _run(params: dict, frames: dict) -> tuple[dict, dict]:
 
 
 def test_analyses_job_fits_each_exposure_alone_and_calibrates_by_its_negative_controls() -> None:
-    from kernels.sccs.jobs import load_tables
+    from kernels.sccs.tables import load_tables
     from tests.kernels.sccs.sccs_helpers import BIASED_ONLY, NEGATIVES, REAL, biased_study_tables
 
     frames = biased_study_tables()
@@ -117,7 +117,7 @@ def test_analyses_job_fits_each_exposure_alone_and_calibrates_by_its_negative_co
 
 
 def test_analyses_job_without_controls_and_with_chosen_exposures() -> None:
-    from kernels.sccs.jobs import cyclops_frames
+    from kernels.sccs.examples import cyclops_frames
 
     frames = cyclops_frames(n_cases=500, n_drugs=6, seed=3)
     result, _ = _run({"exposures": [5, 2]}, frames)

@@ -17,7 +17,7 @@ from kernels.context import JobCache, RunContext, local_context, run_kind
 from kernels.progress import LocalProgress
 from kernels.registry import get_kind
 from kernels.sccs import analyses_chunks
-from kernels.sccs.jobs import load_analyses
+from kernels.sccs.analyses_job import load_analyses
 from kernels.sccs.spec import SccsAnalysesParams
 from tests.kernels.sccs.sccs_helpers import NEGATIVES, POSITIVES, biased_study_tables
 from tests.kernels.sccs.test_sccs_outcomes import _stack, _stacked
@@ -114,14 +114,14 @@ def test_more_parts_than_analyses_leave_some_parts_empty_and_the_result_unchange
 
 
 def test_one_workers_parts_and_finish_build_the_tables_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernels.sccs import jobs
+    from kernels.sccs import analyses_job
 
     datasets = _biased()
     params = params_of("every_exposure_calibrated")
     single, _ = single_run(params, datasets)
     built: list[int] = []
-    build = jobs._load_analyses_data
-    monkeypatch.setattr(jobs, "_load_analyses_data", lambda ctx: built.append(1) or build(ctx))
+    build = analyses_job._load_analyses_data
+    monkeypatch.setattr(analyses_job, "_load_analyses_data", lambda ctx: built.append(1) or build(ctx))
     result, _, _ = split_run(params, datasets, parts=3, order_seed=2, cache=JobCache().enter("job"))
     assert result == single
     assert built == [1]  # the first part built the tables; the other parts and the finish reused them

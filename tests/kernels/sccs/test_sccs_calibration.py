@@ -240,7 +240,7 @@ def test_calibration_spec_needs_profiled_distinct_controls() -> None:
 def test_an_unknown_control_names_the_field() -> None:
     from kernels.context import local_context, run_kind
     from kernels.registry import get_kind
-    from kernels.sccs.jobs import cyclops_frames
+    from kernels.sccs.examples import cyclops_frames
 
     params = {"outcomes_dataset_id": "o", "covariates_dataset_id": "c", "profile": {"covariates": [1, 2, 99]},
               "calibration": {"negative_controls": [1, 99]}}

@@ -18,7 +18,7 @@ from kernels.progress import LocalProgress
 from kernels.registry import get_kind
 from kernels.sccs import ccd, synthetic
 from kernels.sccs import chunks as sccs_chunks
-from kernels.sccs.jobs import FitPlan
+from kernels.sccs.fit_plan import FitPlan
 from kernels.sccs.model import Prior
 from kernels.sccs.spec import SccsParams
 

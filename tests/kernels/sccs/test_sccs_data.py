@@ -12,7 +12,8 @@ from kernels.backend import is_numpy, to_host
 from kernels.sccs import data as sccs_data
 from kernels.sccs import synthetic
 from kernels.sccs.data import IntervalTables, build_from_tables, eras_from_person_data, from_coo
-from kernels.sccs.jobs import cyclops_frames, load_tables
+from kernels.sccs.examples import cyclops_frames
+from kernels.sccs.tables import load_tables
 
 
 def _tables() -> dict[str, np.ndarray]:

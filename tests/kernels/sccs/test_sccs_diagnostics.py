@@ -27,7 +27,8 @@ from scipy import special, stats
 from kernels.context import local_context, run_kind
 from kernels.registry import get_kind
 from kernels.sccs import diagnostics as diag
-from kernels.sccs.jobs import cyclops_frames, load_tables
+from kernels.sccs.examples import cyclops_frames
+from kernels.sccs.tables import load_tables
 
 # -- MDRR --------------------------------------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ from kernels.registry import get_kind
 from kernels.sccs import bootstrap, model, study, synthetic
 from kernels.sccs import precondition as pre
 from kernels.sccs.data import SccsData, build_from_tables
-from kernels.sccs.jobs import FitPlan, default_profiled
+from kernels.sccs.fit_plan import FitPlan
+from kernels.sccs.fit_profiles import default_profiled
 from kernels.sccs.model import Prior
 from kernels.sccs.spec import SccsParams
 from tests.kernels.sccs.test_sccs_chunks import assert_same_artifacts, chunked_run, single_run

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from kernels.context import local_context, run_kind
 from kernels.progress import JobCancelled, LocalProgress
 from kernels.registry import get_kind
-from kernels.sccs import ccd, jobs, synthetic
+from kernels.sccs import ccd, fit_job, jobs, synthetic
 from kernels.sccs.model import Prior
 from kernels.sccs.spec import SccsParams
 
@@ -111,7 +111,7 @@ def test_full_run_result_names_and_artifacts() -> None:
     assert fractions == sorted(fractions)
     # The reported fit is the NumPy fit at the chosen variance (covariate 2 unpenalised).
     penalised = np.array([True, False, True, True, True, True])
-    from kernels.sccs.jobs import load_tables
+    from kernels.sccs.tables import load_tables
 
     data = load_tables(frames["outcomes_dataset_id"], frames["covariates_dataset_id"]).data
     direct = ccd.fit(data, Prior("laplace", result["variance"], penalised))
@@ -354,12 +354,12 @@ def test_fit_job_on_the_gpu_equals_numpy() -> None:
 
 @pytest.mark.gpu
 def test_gpu_warm_up_runs_the_tiny_jobs() -> None:
-    jobs.warm_up_fit()  # registered with cuda.on_warm_up: cuda.warm_up() runs it at worker start
+    fit_job.warm_up_fit()  # registered with cuda.on_warm_up: cuda.warm_up() runs it at worker start
 
 
 def _stored_as_uploaded(frame: pd.DataFrame, as_text: bool) -> pd.DataFrame:
     """The table as the worker reads an upload back: CSV text read by pyarrow (ISO dates become date32) or a
-    Parquet file, written and read as Parquet (store/datasets.py)."""
+    Parquet file, written and read as Parquet (store/dataset_ingest.py)."""
     import io
 
     import pyarrow as pa

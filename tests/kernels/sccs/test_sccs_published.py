@@ -31,7 +31,7 @@ from kernels.context import local_context, run_kind
 from kernels.progress import LocalProgress
 from kernels.registry import get_kind
 from kernels.sccs import precondition
-from kernels.sccs.jobs import load_tables
+from kernels.sccs.tables import load_tables
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "sccs"
 Z_975 = norm.ppf(0.975)  # Stata's invnormal(0.975) = 1.959964; 1.96 would miss the printed intervals

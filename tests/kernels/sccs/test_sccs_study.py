@@ -16,7 +16,7 @@ from scipy.interpolate import BSpline
 from kernels.context import local_context, run_kind
 from kernels.progress import LocalProgress
 from kernels.registry import get_kind
-from kernels.sccs import ccd, jobs, splines
+from kernels.sccs import ccd, eras_job, splines
 from kernels.sccs import study as st
 from kernels.sccs.ccd import FitOptions
 from kernels.sccs.data import IntervalTables, build_from_tables, eras_from_person_data
@@ -498,7 +498,7 @@ def test_eras_job_with_a_study_design_feeds_sccs_fit(as_text_dates: bool) -> Non
     progress = LocalProgress()
     result = _job(STUDY_PARAMS, _frames_of(inputs, as_text_dates), progress)
     params = get_kind("sccs_eras").params_model.model_validate(STUDY_PARAMS)
-    expected = st.study_eras(inputs, jobs._study_design(params))
+    expected = st.study_eras(inputs, eras_job._study_design(params))
     covariates = progress.artifacts["covariates"]
     np.testing.assert_array_equal(covariates["covariateValue"], expected.tables.cov_value)
     np.testing.assert_array_equal(progress.artifacts["outcomes"]["time"], expected.tables.time)

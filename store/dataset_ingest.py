@@ -1,0 +1,366 @@
+"""An upload becoming a dataset: the CSV or Parquet file parsed and validated, streamed, within the upload
+limits, written as Parquet, and its row (with its schema) added to the database."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+from sqlalchemy.orm import Session
+
+from core.settings import get_settings
+from store.artifacts import atomic_target, dataset_path
+from store.datasets import column_schema
+from store.models import Dataset, new_id
+
+SOURCE_FORMATS = ("csv", "parquet")
+
+# A CSV column counts as "mostly numeric" when its numbers outnumber its other values and those are either
+# a few (a typo or a stray marker in a numeric column) or under a tenth of the column.
+STRAY_VALUES_LIMIT = 3
+MOSTLY_NUMERIC_SHARE = 0.9
+# What pyarrow's CSV reader would have read as a number (sign, decimals, exponent, inf, nan), matched
+# case-insensitively; surrounding blanks tolerated.
+NUMBER_PATTERN = r"^\s*[+-]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?|inf|infinity|nan)\s*$"
+
+
+class DatasetError(ValueError):
+    """The uploaded file cannot become a dataset; the message says why."""
+
+
+class ColumnTypeError(DatasetError):
+    """A CSV column of numbers with a few values that are not numbers (read as text, it would break jobs)."""
+
+    def __init__(self, column: str, row: int, value: str, numeric: int, values: int) -> None:
+        self.column, self.row, self.value = column, row, value
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        super().__init__(
+            f"column {column}: value {shown!r} in row {row} is not a number, but the column's other values are "
+            f"numeric ({numeric} of its {values} values are numbers); correct it, leave the cell empty for a "
+            "missing value, or upload Parquet to keep the column as text"
+        )
+
+
+class UploadLimitError(DatasetError):
+    """The upload passes one of the limits of :class:`UploadLimits`; ``setting`` names it."""
+
+    def __init__(self, setting: str, limit: int, what: str) -> None:
+        self.setting, self.limit = setting, limit
+        super().__init__(f"the upload holds more than {limit} {what} (the {setting} limit)")
+
+
+@dataclass(frozen=True)
+class UploadLimits:
+    """Bounds on one upload, checked while it is read, so a small compressed file cannot expand into a
+    table that fills the memory: its decompressed bytes, its data rows and its columns."""
+
+    max_bytes: int
+    max_rows: int
+    max_columns: int
+
+    def check_columns(self, count: int) -> None:
+        if count > self.max_columns:
+            raise UploadLimitError("max_upload_columns", self.max_columns, "columns")
+
+    def check_rows(self, count: int) -> None:
+        if count > self.max_rows:
+            raise UploadLimitError("max_upload_rows", self.max_rows, "rows")
+
+    def check_bytes(self, count: int) -> None:
+        if count > self.max_bytes:
+            raise UploadLimitError("max_upload_bytes", self.max_bytes, "bytes once decompressed")
+
+
+@dataclass(frozen=True)
+class StoredTable:
+    """What ingesting an upload wrote: the Parquet file's schema and row count."""
+
+    schema: pa.Schema
+    n_rows: int
+
+
+def detect_format(filename: str, content_type: str | None) -> str:
+    lowered = filename.lower()
+    if lowered.endswith((".parquet", ".pq")) or (content_type or "").endswith("parquet"):
+        return "parquet"
+    if lowered.endswith((".csv", ".csv.gz", ".txt")) or (content_type or "").startswith("text/"):
+        return "csv"
+    raise DatasetError(f"cannot tell the format of {filename!r}: upload a .csv or .parquet file")
+
+
+# Decompressed bytes the CSV reader takes per block (each block becomes one record batch), and how much of
+# the converted table is held before it is written out as one Parquet row group: what bounds the memory.
+CSV_BLOCK_BYTES = 1 << 20
+ROW_GROUP_BYTES = 32 << 20
+PARQUET_BATCH_ROWS = 64 * 1024
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class _LateTypeChange(Exception):
+    """A CSV column's values after the first block do not fit the type inferred from that block."""
+
+
+class _CountingReader(io.RawIOBase):
+    """The upload's bytes (decompressed when gzip), refusing to read past the byte limit."""
+
+    def __init__(self, source: pa.NativeFile, limits: UploadLimits) -> None:
+        super().__init__()
+        self._source, self._limits, self.count = source, limits, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._source.read(len(buffer))
+        self.count += len(data)
+        self._limits.check_bytes(self.count)
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._source.close()
+        super().close()
+
+
+@contextmanager
+def _decompressed(path: Path, limits: UploadLimits) -> Iterator[_CountingReader]:
+    """The upload's content, gunzipped when it starts with the gzip magic (whatever its name says)."""
+    with path.open("rb") as handle:
+        compressed = handle.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+    raw = pa.OSFile(str(path))
+    reader = _CountingReader(pa.CompressedInputStream(raw, "gzip") if compressed else raw, limits)
+    try:
+        yield reader
+    finally:
+        reader.close()
+
+
+class _ParquetSink:
+    """Writes record batches to a Parquet file, a row group per ``ROW_GROUP_BYTES`` of table."""
+
+    def __init__(self, target: Path, schema: pa.Schema) -> None:
+        self._writer = pq.ParquetWriter(target, schema)
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_bytes = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self._pending.append(batch)
+        self._pending_bytes += batch.nbytes
+        if self._pending_bytes >= ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._writer.write_table(pa.Table.from_batches(self._pending))
+        self._pending, self._pending_bytes = [], 0
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+
+class _TextColumnCheck:
+    """Counts, batch by batch, the values of a text column that are numbers, and keeps the first that is
+    not: at the end, a column of numbers with a few stray values is refused (:class:`ColumnTypeError`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.numeric = self.values = self.rows = 0
+        self.first_other: tuple[int, str] | None = None
+
+    def add(self, column: pa.Array | pa.ChunkedArray) -> None:
+        is_number = pc.match_substring_regex(column, NUMBER_PATTERN, ignore_case=True)  # null where the cell is
+        self.numeric += int(pc.sum(is_number).as_py() or 0)
+        self.values += len(column) - column.null_count
+        if self.first_other is None:
+            index = int(pc.index(is_number, False).as_py())
+            if index >= 0:
+                self.first_other = (self.rows + index + 1, str(column[index].as_py()))
+        self.rows += len(column)
+
+    def verify(self) -> None:
+        other = self.values - self.numeric
+        if other == 0 or self.numeric <= other or self.first_other is None:
+            return  # all numbers (kept as pyarrow read them), or a genuine text column
+        if other > STRAY_VALUES_LIMIT and self.numeric < MOSTLY_NUMERIC_SHARE * self.values:
+            return
+        row, value = self.first_other
+        raise ColumnTypeError(self.name, row=row, value=value, numeric=self.numeric, values=self.values)
+
+
+def _text_checks(schema: pa.Schema) -> list[_TextColumnCheck]:
+    # Only CSV: its types are guessed from the text, so one stray value silently turns a numeric column
+    # into text; Parquet columns carry the type their writer chose.
+    return [_TextColumnCheck(field.name) for field in schema
+            if pa.types.is_string(field.type) or pa.types.is_large_string(field.type)]
+
+
+def _check_schema(schema: pa.Schema, limits: UploadLimits) -> None:
+    if len(schema) == 0:
+        raise DatasetError("the file has no columns")
+    limits.check_columns(len(schema))
+    if len(set(schema.names)) != len(schema.names):
+        raise DatasetError("column names must be unique")
+
+
+def _check_rows(n_rows: int) -> None:
+    if n_rows == 0:
+        raise DatasetError("the file has a header but no rows")
+
+
+def _csv_streamed(path: Path, target: Path, limits: UploadLimits) -> StoredTable:
+    """CSV -> Parquet a block at a time (memory flat whatever the size): types inferred from the first block.
+
+    Raises :class:`_LateTypeChange` when a later block does not fit those types."""
+    with _decompressed(path, limits) as source:
+        reader = pa_csv.open_csv(source, read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES))
+        schema = reader.schema
+        _check_schema(schema, limits)
+        checks = _text_checks(schema)
+        sink = _ParquetSink(target, schema)
+        n_rows = 0
+        try:
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                except pa.ArrowInvalid as exc:
+                    if n_rows > 0 and "conversion error" in str(exc):
+                        raise _LateTypeChange(str(exc)) from exc
+                    raise
+                n_rows += batch.num_rows
+                limits.check_rows(n_rows)
+                for check in checks:
+                    check.add(batch.column(check.name))
+                sink.write(batch)
+        finally:
+            sink.close()
+    _check_rows(n_rows)
+    for check in checks:
+        check.verify()
+    return StoredTable(schema, n_rows)
+
+
+def _csv_whole(path: Path, target: Path, limits: UploadLimits, names: Sequence[str]) -> StoredTable:
+    """CSV -> Parquet for a file whose column types change after the first block: pyarrow's whole-file
+    reader promotes such a column (integers, then a decimal -> double). A streamed pass reading every column
+    as text checks the limits first, so the whole table held here is bounded by them."""
+    as_text = pa_csv.ConvertOptions(column_types={name: pa.string() for name in names})
+    n_rows = 0
+    with _decompressed(path, limits) as source:
+        for batch in pa_csv.open_csv(source, read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+                                     convert_options=as_text):
+            n_rows += batch.num_rows
+            limits.check_rows(n_rows)
+    with _decompressed(path, limits) as source:
+        table = pa_csv.read_csv(source)
+    _check_schema(table.schema, limits)
+    _check_rows(table.num_rows)
+    checks = _text_checks(table.schema)
+    for check in checks:
+        check.add(table.column(check.name))
+        check.verify()
+    sink = _ParquetSink(target, table.schema)
+    try:
+        for batch in table.to_batches(max_chunksize=PARQUET_BATCH_ROWS):
+            sink.write(batch)
+    finally:
+        sink.close()
+    return StoredTable(table.schema, table.num_rows)
+
+
+def _csv_to_parquet(path: Path, target: Path, limits: UploadLimits) -> StoredTable:
+    try:
+        return _csv_streamed(path, target, limits)
+    except _LateTypeChange:
+        with _decompressed(path, limits) as source:
+            names = pa_csv.open_csv(source, read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES)).schema.names
+        return _csv_whole(path, target, limits, names)
+
+
+def _parquet_to_parquet(path: Path, target: Path, limits: UploadLimits) -> StoredTable:
+    """Parquet -> Parquet a batch at a time. The footer's row count and uncompressed size are checked
+    before any data is read, and the batches are counted too (a footer can understate them)."""
+    with pq.ParquetFile(pa.OSFile(str(path))) as parquet:
+        schema = parquet.schema_arrow
+        _check_schema(schema, limits)
+        metadata = parquet.metadata
+        limits.check_rows(metadata.num_rows)
+        limits.check_bytes(sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups)))
+        sink = _ParquetSink(target, schema)
+        n_rows = n_bytes = 0
+        try:
+            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+                n_rows, n_bytes = n_rows + batch.num_rows, n_bytes + batch.nbytes
+                limits.check_rows(n_rows)
+                limits.check_bytes(n_bytes)
+                sink.write(batch)
+        finally:
+            sink.close()
+    _check_rows(n_rows)
+    return StoredTable(schema, n_rows)
+
+
+def convert_upload(upload: Path, source_format: str, target: Path, limits: UploadLimits) -> StoredTable:
+    """Parse the upload and write it to ``target`` as Parquet, streamed, within ``limits``; refuses empty
+    files, files without columns or rows, duplicate column names and (CSV) mostly-numeric text columns.
+
+    Errors name the upload's content, never its temporary path on the server."""
+    if source_format not in SOURCE_FORMATS:
+        raise DatasetError(f"unsupported format {source_format!r}; use one of {SOURCE_FORMATS}")
+    if upload.stat().st_size == 0:
+        raise DatasetError("the uploaded file is empty")
+    try:
+        if source_format == "csv":
+            return _csv_to_parquet(upload, target, limits)
+        return _parquet_to_parquet(upload, target, limits)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        message = str(exc)
+        for server_path in (str(upload), str(target), upload.name, target.name):  # no server paths to the user
+            message = message.replace(server_path, "<upload>")
+        raise DatasetError(f"could not parse the {source_format} file: {message}") from exc
+
+
+def default_limits() -> UploadLimits:
+    settings = get_settings()
+    return UploadLimits(settings.max_upload_bytes, settings.max_upload_rows, settings.max_upload_columns)
+
+
+def ingest(
+    session: Session, *, owner: str, name: str, upload: Path, source_format: str, limits: UploadLimits | None = None
+) -> Dataset:
+    """Store ``upload`` as this owner's Parquet dataset (within ``limits``, by default the settings');
+    nothing is left behind if any step fails."""
+    dataset_id = new_id()
+    final = dataset_path(dataset_id)
+    temporary = atomic_target(final)
+    try:
+        stored = convert_upload(upload, source_format, temporary, limits or default_limits())
+        os.replace(temporary, final)
+        dataset = Dataset(
+            id=dataset_id,
+            owner=owner,
+            name=name[:500],
+            source_format=source_format,
+            path=str(final),
+            n_rows=stored.n_rows,
+            size_bytes=final.stat().st_size,
+            columns=column_schema(stored.schema),
+        )
+        session.add(dataset)
+        session.flush()
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        final.unlink(missing_ok=True)
+        raise
+    return dataset

@@ -19,9 +19,9 @@ from kernels import cuda
 from kernels.backend import get_namespace, is_numpy, to_host
 from kernels.context import RunContext, local_context
 from kernels.registry import JobKind, KindExample
+from kernels.sccs import ANALYSES_KIND, ERAS_KIND, FIT_KIND, ccd, gpu, precondition, study, synthetic, transfer
 from kernels.sccs import bootstrap as boot
 from kernels.sccs import calibration as cal
-from kernels.sccs import ccd, gpu, precondition, study, synthetic, transfer
 from kernels.sccs import cv as crossval
 from kernels.sccs import diagnostics as diag
 from kernels.sccs.analyses import SingleFits, single_covariate_fits
@@ -52,6 +52,7 @@ from kernels.sccs.spec import (
     TimeStabilityCheck,
     WindowCheck,
 )
+from kernels.sccs.work import analyses_work, eras_work, fit_work
 
 # Share of the GPU's free memory a bootstrap batch may take.
 _GPU_MEMORY_SHARE = 0.6
@@ -1071,7 +1072,7 @@ def _example_analyses_params() -> dict:
 
 KINDS = [
     JobKind(
-        name="sccs_fit",
+        name=FIT_KIND,
         params_model=SccsParams,
         result_model=SccsResult,
         run=run_fit,
@@ -1090,9 +1091,12 @@ KINDS = [
             },
             datasets=_example_fit_tables,
         ),
+        work=fit_work,
+        split_module="kernels.sccs.chunks",
+        plots_module="plots.sccs",
     ),
     JobKind(
-        name="sccs_analyses",
+        name=ANALYSES_KIND,
         params_model=SccsAnalysesParams,
         result_model=SccsAnalysesResult,
         run=run_analyses,
@@ -1101,9 +1105,11 @@ KINDS = [
         "on the GPU): conditional MLE, likelihood-ratio intervals and p-values, MDRR, empirical calibration from "
         "controls",
         example=KindExample(_example_analyses_params(), datasets=_example_fit_tables),
+        work=analyses_work,
+        split_module="kernels.sccs.analyses_chunks",
     ),
     JobKind(
-        name="sccs_eras",
+        name=ERAS_KIND,
         params_model=SccsErasParams,
         result_model=SccsErasResult,
         run=run_eras,
@@ -1124,5 +1130,6 @@ KINDS = [
             datasets=_example_person_tables,
         ),
         host_only=True,
+        work=eras_work,
     ),
 ]

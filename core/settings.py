@@ -9,10 +9,15 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path("var")
+# Older per-kind fan-out settings -> the fanout_min_work entry each stands for.
+FORMER_FANOUT_THRESHOLDS = {
+    "fanout_min_bootstrap_weights": "crve_bootstrap",
+    "fanout_min_analysis_rows": "sccs_analyses",
+}
 
 
 class Settings(BaseSettings):
@@ -61,17 +66,23 @@ class Settings(BaseSettings):
         "unit its single run sums; for sccs_fit: variances of the CV grid, or bootstrap replicates / 10; smaller "
         "jobs run whole)",
     )
-    fanout_min_bootstrap_weights: float = Field(
-        3e10, ge=0, description="Fan out a crve_bootstrap job only when it draws at least this many bootstrap "
-        "weights (bootstrap clusters x B; about 0.1 ns each on an H100): its draws must outweigh the set-up each "
-        "part repeats (docs/scaling.md)",
+    fanout_min_work: dict[str, float] = Field(
+        default_factory=dict, description="Per kind, the least work of a job worth fanning out, as JSON in the "
+        'units its split compares with: {"crve_bootstrap": 3e10, "sccs_analyses": 2e8} (the defaults: bootstrap '
+        "weights, bootstrap clusters x B; covariate rows). Below it a part's set-up and hand-overs outweigh the "
+        "work it takes off the others (docs/scaling.md); kinds not named keep their own default",
     )
-    fanout_min_analysis_rows: int = Field(
-        200_000_000, ge=1, description="Fan out an sccs_analyses job only when its covariates table has at least "
-        "this many rows (the design's nonzeros, which its batch's work follows: about 7.5 ns a row on an H200 when "
-        "every exposure is analysed, against 4 ns a row to read and build the tables): below it a part's tables "
-        "and the hand-overs outweigh the analyses it takes off the others (the SCCS paper's largest tables, 95M "
-        "rows, run whole; docs/scaling.md)",
+    fanout_min_bootstrap_weights: float | None = Field(
+        None, ge=0, description="The crve_bootstrap entry of fanout_min_work (an older name, used where that "
+        "entry is not set)",
+    )
+    fanout_min_analysis_rows: int | None = Field(
+        None, ge=1, description="The sccs_analyses entry of fanout_min_work (an older name, used where that entry "
+        "is not set)",
+    )
+    extra_kind_modules: list[str] = Field(
+        default_factory=list, description='Modules beyond the product\'s whose KINDS the API and the workers '
+        'serve too, as JSON: ["tests.kinds.echo"] (kernels/README.md, "Adding a fifth estimator")',
     )
     result_backend_url: str | None = Field(
         None, description="Celery result backend the chords of fanned-out jobs count their parts in; default: "
@@ -184,6 +195,14 @@ class Settings(BaseSettings):
         120.0, gt=0, description="How long a worker retries storing a finished job's outcome (kept on disk meanwhile) "
         "before leaving it to the job's next run"
     )
+
+    @model_validator(mode="after")
+    def _former_fanout_thresholds(self) -> Settings:
+        for field, kind in FORMER_FANOUT_THRESHOLDS.items():
+            value = getattr(self, field)
+            if value is not None:
+                self.fanout_min_work.setdefault(kind, float(value))
+        return self
 
     def resolved_admin_key(self) -> str | None:
         """admin_key, or the first line of admin_key_file; None when neither is set (or the file is empty)."""

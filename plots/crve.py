@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from kernels.crve import BOOTSTRAP_KIND, MONTECARLO_KIND
 from plots.registry import JobData, PlotDataMissingError, PlotSpec
 
 # Two-sided 95 % normal quantile: the Monte Carlo error bars are rate +- this many standard errors.
@@ -138,7 +139,7 @@ PLOTS = [
     PlotSpec(
         "bootstrap_t",
         "Bootstrap distribution with the observed statistic, p-value region and intervals",
-        ("crve_bootstrap",),
+        (BOOTSTRAP_KIND,),
         draw_bootstrap,
         artifacts=("bootstrap_t",),
         needs=_single_statistic,
@@ -146,7 +147,7 @@ PLOTS = [
     PlotSpec(
         "rejection_rates",
         "Rejection rates with Monte Carlo error bars against the nominal levels",
-        ("crve_montecarlo",),
+        (MONTECARLO_KIND,),
         draw_rejection_rates,
         needs=lambda data: bool(data.result.get("rejection_rate")),
     ),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from kernels.dualcontrol import SOLVE_KIND
 from plots.registry import JobData, PlotOption, PlotOptionError, PlotSpec
 
 OPTIMAL_COLOUR, MYOPIC_COLOUR, VOE_COLOUR = "#1f4e79", "#e67e22", "#2e7d32"
@@ -88,7 +89,7 @@ PLOTS = [
     PlotSpec(
         "slices",
         "Value, policy and value of experimentation over x at one (mu, Sigma)",
-        ("dualcontrol_solve",),
+        (SOLVE_KIND,),
         draw_slices,
         artifacts=("value", "policy", "grid"),
         options=(

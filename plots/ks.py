@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from kernels.ks import SOLVE_KIND
 from plots.registry import JobData, PlotDataMissingError, PlotSpec
 
 STATE_NAMES = ("bad", "good")  # the aggregate state a: 0 bad, 1 good (the result's alm keys)
@@ -118,21 +119,21 @@ PLOTS = [
     PlotSpec(
         "den_haan",
         "Simulated K path against the ALM's forecast (den Haan test)",
-        ("ks_solve",),
+        (SOLVE_KIND,),
         draw_den_haan,
         needs=lambda data: bool({"den_haan_path", "accuracy_path"} & data.artifact_names),
     ),
     PlotSpec(
         "alm_scatter",
         "ln K' against ln K by aggregate state, with the fitted ALM",
-        ("ks_solve",),
+        (SOLVE_KIND,),
         draw_alm_scatter,
         artifacts=("capital_path",),
     ),
     PlotSpec(
         "policy",
         "Individual policy k'(k) by aggregate and employment state",
-        ("ks_solve",),
+        (SOLVE_KIND,),
         draw_policy,
         artifacts=("policy",),
     ),

@@ -1,7 +1,8 @@
 """The plots each job kind offers, and their rendering to SVG or PNG.
 
-A plot reads only what a finished job stored: its result JSON and its artifacts (``JobData``). Each estimator's
-module lists its plots (``PLOTS``); :func:`plots_for` answers which of them a given job can draw (a Monte Carlo
+A plot reads only what a finished job stored: its result JSON and its artifacts (``JobData``). A kind names the
+module that lists its plots (``JobKind.plots_module``, whose ``PLOTS`` holds :class:`PlotSpec` s naming the kinds
+each draws for); :func:`plots_for` answers which of them a given job can draw (a Monte Carlo
 without a CV curve has no CV plot), :func:`render` draws one. Drawing uses matplotlib's object API on its own
 ``Figure`` (no pyplot state), so concurrent requests in the API's thread pool never share a figure.
 """
@@ -12,7 +13,6 @@ import importlib
 import io
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache
 from typing import Any, Literal
 
 import matplotlib
@@ -22,10 +22,10 @@ matplotlib.use("Agg")  # before anything imports pyplot: no display on a server
 from matplotlib import rc_context
 from matplotlib.figure import Figure
 
+from kernels.registry import registry
+
 PlotFormat = Literal["svg", "png"]
 MEDIA_TYPES: dict[str, str] = {"svg": "image/svg+xml", "png": "image/png"}
-
-_PLOT_MODULES = ("plots.crve", "plots.sccs", "plots.ks", "plots.dualcontrol")
 
 # Text stays text in SVG (searchable, selectable, and what the browser tests read); a fixed hash salt keeps the
 # element ids, and so the file, the same from one rendering to the next.
@@ -97,15 +97,16 @@ class PlotSpec:
         return self.needs is None or self.needs(data)
 
 
-@cache
 def all_plots() -> dict[str, tuple[PlotSpec, ...]]:
-    """kind -> its plots, in the order the modules list them."""
-    by_kind: dict[str, list[PlotSpec]] = {}
-    for module_name in _PLOT_MODULES:
-        for spec in importlib.import_module(module_name).PLOTS:
-            for kind in spec.kinds:
-                by_kind.setdefault(kind, []).append(spec)
-    return {kind: tuple(specs) for kind, specs in by_kind.items()}
+    """kind -> its plots (those of its plots module that name it), in the order the module lists them; a kind
+    without plots is left out."""
+    by_kind: dict[str, tuple[PlotSpec, ...]] = {}
+    for kind in registry().values():
+        if kind.plots_module:
+            specs = tuple(spec for spec in importlib.import_module(kind.plots_module).PLOTS if kind.name in spec.kinds)
+            if specs:
+                by_kind[kind.name] = specs
+    return by_kind
 
 
 def plots_for(data: JobData) -> list[PlotSpec]:

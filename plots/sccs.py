@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from kernels.sccs import FIT_KIND
 from plots.registry import JobData, PlotDataMissingError, PlotSpec
 
 POINT_COLOUR, INTERVAL_COLOUR, CHOSEN_COLOUR = "#1f4e79", "#5b7db1", "#c0392b"
@@ -146,28 +147,28 @@ PLOTS = [
     PlotSpec(
         "forest",
         "Forest plot of relative incidences with intervals",
-        ("sccs_fit",),
+        (FIT_KIND,),
         draw_forest,
         needs=lambda data: bool(data.result.get("coefficients")),
     ),
     PlotSpec(
         "cv_curve",
         "Predictive log-likelihood over the prior variance (cross-validation)",
-        ("sccs_fit",),
+        (FIT_KIND,),
         draw_cv_curve,
         needs=lambda data: bool(data.result.get("cv_curve")),
     ),
     PlotSpec(
         "bootstrap",
         "Bootstrap distributions of the relative incidences",
-        ("sccs_fit",),
+        (FIT_KIND,),
         draw_bootstrap,
         artifacts=("bootstrap_estimates",),
     ),
     PlotSpec(
         "profile",
         "Profile likelihoods behind the profile intervals",
-        ("sccs_fit",),
+        (FIT_KIND,),
         draw_profiles,
         artifacts=("profile_curves",),
     ),

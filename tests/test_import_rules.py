@@ -6,6 +6,10 @@ every module, including those inside functions and under ``TYPE_CHECKING``, pars
 - ``store`` imports neither api nor worker (nor cli);
 - the API never imports the worker (it rings the queue through ``core.queue.send``) and the worker never the API;
 - the CLI talks to the API over HTTP and starts the worker as a process: it imports neither;
+- ``plots`` draws from what a job stored: it imports kernels (the registry, the kinds' names) and none of api,
+  cli, store, worker; nothing below the API imports it;
+- the service (api, worker, cli) reaches an estimator family (a ``kernels`` subpackage) only through the
+  registry and the kit modules ``kernels/*.py``: it imports no family;
 - a router does not import another router (shared queries live in ``store``);
 - no module imports another module's private (``_``-prefixed) name.
 """
@@ -20,15 +24,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("api", "cli", "core", "kernels", "store", "worker")
+PACKAGES = ("api", "cli", "core", "kernels", "plots", "store", "worker")
 FORBIDDEN: dict[str, frozenset[str]] = {
-    "kernels": frozenset({"api", "cli", "core", "store", "worker"}),
-    "core": frozenset({"api", "cli", "store", "worker"}),
-    "store": frozenset({"api", "cli", "worker"}),
+    "kernels": frozenset({"api", "cli", "core", "plots", "store", "worker"}),
+    "core": frozenset({"api", "cli", "plots", "store", "worker"}),
+    "store": frozenset({"api", "cli", "plots", "worker"}),
     "api": frozenset({"cli", "worker"}),
-    "worker": frozenset({"api", "cli"}),
-    "cli": frozenset({"api", "worker"}),
+    "worker": frozenset({"api", "cli", "plots"}),
+    "cli": frozenset({"api", "plots", "worker"}),
+    "plots": frozenset({"api", "cli", "store", "worker"}),
 }
+SERVICE = ("api", "cli", "worker")
+FAMILIES = frozenset(path.parent.name for path in (ROOT / "kernels").glob("*/__init__.py"))
 ROUTERS = "api.routes"
 
 
@@ -121,3 +128,33 @@ def test_no_module_imports_a_private_name_of_another() -> None:
         if name.startswith("_") and not name.startswith("__")
     ]
     assert not broken, f"make the name public or move it: {broken}"
+
+
+def family_imported(statement: Import) -> str | None:
+    """The estimator family (``kernels.<family>``) an import statement reaches, or None."""
+    parts = statement.module.split(".")
+    if parts[0] != "kernels":
+        return None
+    if len(parts) > 1:
+        return parts[1] if parts[1] in FAMILIES else None
+    return next((name for name in statement.names if name in FAMILIES), None)  # from kernels import crve
+
+
+def test_the_families_are_found() -> None:
+    assert {"crve", "sccs", "ks", "dualcontrol"} <= FAMILIES
+
+
+@pytest.mark.parametrize("package", SERVICE)
+def test_the_service_imports_no_estimator_family(package: str) -> None:
+    broken = [
+        f"{statement.where()}: {statement.module} {statement.names}"
+        for statement in IMPORTS
+        if top(statement.importer) == package and family_imported(statement) is not None
+    ]
+    assert not broken, f"{package} reaches a kind through kernels.registry, never a family's module: {broken}"
+
+
+def test_the_family_rule_sees_a_family_import() -> None:
+    assert family_imported(Import("worker.x", "kernels.crve.montecarlo_chunks", (), 1)) == "crve"
+    assert family_imported(Import("worker.x", "kernels", ("sccs",), 1)) == "sccs"
+    assert family_imported(Import("worker.x", "kernels.registry", ("get_kind",), 1)) is None

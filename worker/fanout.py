@@ -1,8 +1,9 @@
-"""One job fanned out over the workers of its queue as a Celery chord (issue 19).
+"""One job fanned out over the workers of its queue as a Celery chord.
 
-A job of a kind that splits by replications, folds or analyses (:data:`SPLITS`: ``crve_montecarlo``, ``sccs_fit``,
-``sccs_analyses``, ``crve_bootstrap``) and
-is large enough (``GPUEST_FANOUT_CHUNKS`` >= 2, at least ``GPUEST_FANOUT_MIN_BLOCKS`` blocks or batches) is
+A job of a kind that declares a split (``JobKind.split``, :class:`kernels.fanout.Split`: ``crve_montecarlo``,
+``sccs_fit``, ``sccs_analyses``, ``crve_bootstrap`` split by replications, folds, analyses or draws) whose
+planner finds it large enough (``GPUEST_FANOUT_CHUNKS`` >= 2, ``GPUEST_FANOUT_MIN_BLOCKS``, the kind's
+``GPUEST_FANOUT_MIN_WORK`` entry; the planner gets the job's datasets' stored rows, never the database) is
 fanned out by the worker that claimed it: that worker computes the lead (Monte Carlo's block 0, which fixes the
 centre of the sums; nothing for SCCS, whose chunks need nothing from one another), records the chunks
 (``store/chunks.py``: a row each, with attempts and heartbeat like a job) and sends a **chord**, a group of one
@@ -34,7 +35,7 @@ import json
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import ModuleType
@@ -46,20 +47,17 @@ from sqlalchemy.orm import Session
 import core.queue
 from core.settings import get_settings
 from core.status import TERMINAL_STATUSES, JobPriority, JobStatus
-from kernels.backend import GPUUnavailableError, device_label
+from kernels.backend import GPUUnavailableError
 from kernels.context import RunContext, namespace_for
-from kernels.crve import bootstrap_chunks, montecarlo_chunks
-from kernels.crve import montecarlo as mc
+from kernels.fanout import PlanInputs
 from kernels.progress import JobCancelled
-from kernels.registry import JobKind, get_kind
-from kernels.sccs import analyses_chunks
-from kernels.sccs import chunks as sccs_chunks
+from kernels.registry import SPLITS, JobKind, get_kind
 from kernels.spec import JobParams, ResultModel
 from store import chunks as chunk_store
 from store import jobs as job_store
-from store.datasets import get_dataset
 from store.db import session_scope
 from store.models import Job, JobChunk, utcnow
+from worker.dataset_rows import dataset_rows
 from worker.device import job_cache, worker_device
 from worker.infra import InfrastructureUnavailable, describe, is_infrastructure_error, retry_infrastructure
 from worker.progress import Heartbeat, WorkerStopping, worker_stopping
@@ -71,104 +69,6 @@ REDUCE_TASK = "gpuest.reduce_chunks"
 PROGRESS_INTERVAL_SECONDS = 0.5
 CHORD_UNLOCK_INTERVAL_SECONDS = 0.2
 MAX_MESSAGE_CHARS = 2000
-
-
-@dataclass(frozen=True)
-class Split:
-    """How a kind splits into chunks whose reduction is its single run, as the worker drives it.
-
-    ``plan(params, xp, chunks, min_blocks)``: the chunk specs (JSON) without the lead's, or None when the job
-    is too small to split; ``lead(params, ctx, specs)``: computes the lead and returns its spec and output
-    and the specs completed with what the lead fixed; ``run(params, ctx, spec)``: one chunk's output (its
-    context reads the job's datasets). Then one of: ``reduce(params, specs, outputs)``: the result from every
-    chunk in order, the lead first (in the chord's callback, on no device); ``finish(params, ctx, specs,
-    outputs)``: the same, run as a job on a worker (tables, device, artifacts)."""
-
-    plan: Callable[[Any, ModuleType, int, int], list[dict[str, Any]] | None]
-    lead: Callable[[Any, RunContext, list[dict[str, Any]]],
-                   tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]]
-    run: Callable[[Any, RunContext, dict[str, Any]], dict[str, Any]]
-    reduce: Callable[[Any, Sequence[dict[str, Any]], Sequence[dict[str, Any]]], ResultModel] | None = None
-    finish: Callable[[Any, RunContext, Sequence[dict[str, Any]], Sequence[dict[str, Any]]], ResultModel] | None = None
-
-
-def _montecarlo_plan(params: Any, xp: ModuleType, chunks: int, min_blocks: int) -> list[dict[str, Any]] | None:
-    plan = montecarlo_chunks.plan(params, xp)
-    if plan.n_blocks < max(min_blocks, 3):
-        return None
-    return [{"blocks": [blocks.start, blocks.stop], "block": plan.block,
-             "size": sum(plan.bounds(index)[1] for index in blocks)}
-            for blocks in montecarlo_chunks.split_blocks(plan.n_blocks, chunks)]
-
-
-def _montecarlo_run_plan(params: Any, xp: ModuleType, spec: dict[str, Any]) -> mc.SimulationPlan:
-    """This worker's plan, which must be the one the chunks were cut from: the same device kind (a GPU's
-    blocks are not NumPy's)."""
-    plan = montecarlo_chunks.plan(params, xp)
-    if plan.block != spec["block"]:
-        raise ValueError(f"this chunk was planned in blocks of {spec['block']} replications, and this worker "
-                         f"({device_label(xp)}) computes blocks of {plan.block}: every worker of a queue must "
-                         "compute on the same kind of device")
-    return plan
-
-
-def _montecarlo_lead(params: Any, ctx: RunContext, specs: list[dict[str, Any]]) -> tuple[
-        dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
-    plan = _montecarlo_run_plan(params, ctx.xp, specs[0])
-    lead = montecarlo_chunks.lead(params, ctx, plan)
-    shift = lead.shift.hex()
-    lead_spec = {"blocks": [0, 1], "block": plan.block, "size": plan.bounds(0)[1], "shift": shift}
-    output = {"partials": [montecarlo_chunks.partial_to_json(lead.partial)]}
-    return lead_spec, output, [{**spec, "shift": shift} for spec in specs]
-
-
-def _montecarlo_run(params: Any, ctx: RunContext, spec: dict[str, Any]) -> dict[str, Any]:
-    plan = _montecarlo_run_plan(params, ctx.xp, spec)
-    partials = montecarlo_chunks.chunk(params, ctx, plan, float.fromhex(spec["shift"]), range(*spec["blocks"]))
-    return {"partials": [montecarlo_chunks.partial_to_json(partial) for partial in partials]}
-
-
-def _montecarlo_reduce(params: Any, specs: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]]) -> ResultModel:
-    partials = [montecarlo_chunks.partial_from_json(item) for output in outputs for item in output["partials"]]
-    return montecarlo_chunks.reduce(params, float.fromhex(specs[0]["shift"]), partials)
-
-
-def _sccs_plan(params: Any, xp: ModuleType, chunks: int, min_batches: int) -> list[dict[str, Any]] | None:
-    return sccs_chunks.plan(params, chunks, min_batches)
-
-
-def _crve_bootstrap_plan(params: Any, xp: ModuleType, chunks: int, min_blocks: int) -> list[dict[str, Any]] | None:
-    """The parts of a crve_bootstrap job: by its bootstrap weights (GPUEST_FANOUT_MIN_BOOTSTRAP_WEIGHTS), counted
-    from its dataset's stored rows where it has one."""
-    rows = None if params.dataset_id is None else _dataset_rows(params.dataset_id)
-    return bootstrap_chunks.plan(params, xp, rows, chunks, get_settings().fanout_min_bootstrap_weights)
-
-
-def _sccs_analyses_plan(params: Any, xp: ModuleType, chunks: int, min_blocks: int) -> list[dict[str, Any]] | None:
-    """The parts of an sccs_analyses job: by its covariates table's stored rows (GPUEST_FANOUT_MIN_ANALYSIS_ROWS)."""
-    rows = _dataset_rows(params.covariates_dataset_id)
-    return analyses_chunks.plan(rows, chunks, get_settings().fanout_min_analysis_rows)
-
-
-def _dataset_rows(dataset_id: str) -> int | None:
-    def read() -> int | None:
-        with session_scope() as session:
-            dataset = get_dataset(session, dataset_id)
-            return None if dataset is None else int(dataset.n_rows)
-
-    return retry_infrastructure(read, what="read a dataset", budget_seconds=get_settings().worker_retry_seconds)
-
-
-SPLITS: dict[str, Split] = {
-    montecarlo_chunks.KIND: Split(_montecarlo_plan, _montecarlo_lead, _montecarlo_run, _montecarlo_reduce),
-    sccs_chunks.KIND: Split(_sccs_plan, sccs_chunks.lead, sccs_chunks.run, finish=sccs_chunks.finish),
-    bootstrap_chunks.KIND: Split(
-        _crve_bootstrap_plan, bootstrap_chunks.lead, bootstrap_chunks.run, finish=bootstrap_chunks.finish
-    ),
-    analyses_chunks.KIND: Split(
-        _sccs_analyses_plan, analyses_chunks.lead, analyses_chunks.run, finish=analyses_chunks.finish
-    ),
-}
 
 
 # --- the parent: fan out ---------------------------------------------------------------------------------
@@ -184,7 +84,9 @@ def try_fan_out(job_id: str, worker: str, kind: JobKind, params: dict[str, Any],
     if split is None or settings.fanout_chunks < 2:
         return False
     spec = kind.params_model.model_validate(params)
-    specs = split.plan(spec, ctx.xp, settings.fanout_chunks, settings.fanout_min_blocks)
+    inputs = PlanInputs(settings.fanout_chunks, settings.fanout_min_blocks,
+                        settings.fanout_min_work.get(kind.name, split.min_work), dataset_rows(kind.dataset_ids(spec)))
+    specs = split.plan(spec, ctx.xp, inputs)
     if specs is None:
         return False
     ctx.progress(0.0, f"lead block of {len(specs) + 1} chunks")

@@ -38,7 +38,7 @@ from kernels import backend, cuda
 from kernels.backend import GPUUnavailableError
 from kernels.context import DatasetLoader, RunContext, namespace_for, run_kind
 from kernels.progress import JobCancelled
-from kernels.registry import JobKind, get_kind, registry
+from kernels.registry import JobKind, add_kind_modules, get_kind, registry
 from kernels.work import cap_problem
 from store import jobs as job_store
 from store.artifacts import discard_pending_outcome, load_pending_outcome, save_pending_outcome
@@ -48,6 +48,7 @@ from store.decoded import load_frame, prune_decoded_copies
 from store.migrate import SchemaNotMigratedError, ensure_migrated
 from store.models import Job, utcnow
 from worker import fanout
+from worker.dataset_rows import dataset_rows
 from worker.device import job_cache, worker_device
 from worker.health import touch
 from worker.infra import (
@@ -399,22 +400,15 @@ def _run(
 
 
 def cpu_work_cap_problem(placement: Placement, params: dict[str, Any], dataset_ids: Mapping[str, str]) -> str | None:
-    """The operator's CPU cap (``cpu_max_work``, issue 16), for a job placed on NumPy: the message when its
-    work (kernels/work.py) passes its kind's cap. The API refuses such jobs at submission where it knows they
+    """The operator's CPU cap (``cpu_max_work``), for a job placed on NumPy: the message when its work (its
+    kind's measure, ``JobKind.work``) passes its kind's cap. The API refuses such jobs at submission where it knows they
     run on CPU; this is the worker's own check for the rest (GPUEST_DEVICE=auto with servers)."""
     caps = get_settings().cpu_max_work
     assert placement.kind is not None and placement.xp is not None
     if placement.kind.name not in caps or not backend.is_numpy(placement.xp):
         return None
     spec = placement.kind.params_model.model_validate(params)
-
-    def rows() -> dict[str, int]:
-        with session_scope() as session:
-            found = {field: get_dataset(session, dataset_id) for field, dataset_id in dataset_ids.items()}
-            return {field: int(dataset.n_rows) for field, dataset in found.items() if dataset is not None}
-
-    dataset_rows = retry_infrastructure(rows, what="read a dataset", budget_seconds=get_settings().worker_retry_seconds)
-    problem = cap_problem(placement.kind.name, spec, dataset_rows, caps)
+    problem = cap_problem(placement.kind.name, spec, dataset_rows(dataset_ids), caps)
     return None if problem is None else f"{problem[0]}: {problem[1]}"
 
 
@@ -621,6 +615,7 @@ def _prepare_worker(**_kwargs: Any) -> None:
     # Import every kernel module now rather than inside the first job (seconds of SciPy and pandas imports
     # that would otherwise count as that job's run time, in stage "starting"). Declaring a CUDA source
     # compiles nothing, so the disk cache below is still in place before the first compile.
+    add_kind_modules(*get_settings().extra_kind_modules)
     registry()
     warm_up_gpu(get_settings().data_dir / CUDA_CACHE_DIR_NAME)
 

@@ -12,6 +12,7 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel
 
 from api.deps import JobIdPath, OwnerDep, SessionDep
+from api.plot_data import stored_job_data
 from api.problems import ProblemError, field_error
 from core.status import JobStatus
 from plots.registry import (
@@ -24,7 +25,6 @@ from plots.registry import (
     plots_for,
     render,
 )
-from plots.stored import stored_job_data
 from store import jobs as job_store
 from store.db import storable_text
 from store.models import Job

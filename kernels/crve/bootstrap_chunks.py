@@ -1,4 +1,4 @@
-"""``crve_bootstrap`` split into ranges of draws (issue 19): what a fan-out of one job over several workers
+"""``crve_bootstrap`` split into ranges of draws: what a fan-out of one job over several workers
 computes, kept apart from the service so that it is tested as numerics
 (``tests/kernels/crve/test_bootstrap_chunks.py``).
 
@@ -46,6 +46,7 @@ import numpy as np
 
 from kernels.backend import is_numpy
 from kernels.context import RunContext
+from kernels.crve import BOOTSTRAP_KIND
 from kernels.crve import jobs as crve_jobs
 from kernels.crve.bootstrap import (
     DRAW_SUM_FIELDS,
@@ -59,11 +60,16 @@ from kernels.crve.bootstrap import (
 )
 from kernels.crve.formula import parse_formula
 from kernels.crve.spec import BootstrapParams, BootstrapResult
+from kernels.fanout import PlanInputs, Split
 from kernels.ranges import even_range
 
-KIND = "crve_bootstrap"
+KIND = BOOTSTRAP_KIND
 SYNTHETIC_CLUSTER_COLUMN = "cluster"  # kernels/crve/synthetic.py's cluster column
 MIN_CHUNKS_PER_PART = 2  # a part computes at least this many of the single run's draw chunks
+# Fan out only a job that draws at least this many bootstrap weights (bootstrap clusters x B; about 0.1 ns each
+# on an H100): its draws must outweigh the set-up each part repeats (docs/scaling.md). GPUEST_FANOUT_MIN_WORK's
+# crve_bootstrap entry overrides it.
+MIN_WEIGHTS = 3e10
 
 
 # -- the plan --------------------------------------------------------------------------------------------
@@ -300,3 +306,12 @@ def value_from_json(data: Any) -> Any:
 
 def _bytes(array: np.ndarray) -> str:
     return base64.b64encode(array.tobytes()).decode("ascii")
+
+
+def _plan_parts(params: BootstrapParams, xp: ModuleType, inputs: PlanInputs) -> list[dict[str, Any]] | None:
+    """The parts of a job by its bootstrap weights, counted from its dataset's stored rows where it has one."""
+    min_weights = MIN_WEIGHTS if inputs.min_work is None else inputs.min_work
+    return plan(params, xp, inputs.dataset_rows.get("dataset_id"), inputs.chunks, min_weights)
+
+
+SPLIT = Split(_plan_parts, lead, run, finish=finish, min_work=MIN_WEIGHTS)

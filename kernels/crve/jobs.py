@@ -13,6 +13,7 @@ from scipy import stats
 
 from kernels.backend import to_host
 from kernels.context import RunContext
+from kernels.crve import BOOTSTRAP_KIND, MONTECARLO_KIND
 from kernels.crve import montecarlo as mc
 from kernels.crve.bootstrap import (
     BootstrapData,
@@ -37,6 +38,7 @@ from kernels.crve.spec import (
     RestrictionRow,
 )
 from kernels.crve.synthetic import synthetic_columns
+from kernels.crve.work import bootstrap_work, montecarlo_work
 from kernels.registry import JobKind, KindExample
 
 # float64 elements one NumPy block of replications may hold (about 64 MB per array).
@@ -513,7 +515,7 @@ def _iv_arrays_on_device(params: BootstrapParams, design: DesignArrays, xp: Any)
 # CGM data kernel and the batched weights kernel (the CRV1 test runs only the first).
 KINDS = [
     JobKind(
-        name="crve_bootstrap",
+        name=BOOTSTRAP_KIND,
         params_model=BootstrapParams,
         result_model=BootstrapResult,
         run=run_bootstrap,
@@ -530,9 +532,12 @@ KINDS = [
                 "seed": 1,
             }
         ),
+        work=bootstrap_work,
+        split_module="kernels.crve.bootstrap_chunks",
+        plots_module="plots.crve",
     ),
     JobKind(
-        name="crve_montecarlo",
+        name=MONTECARLO_KIND,
         params_model=MonteCarloParams,
         result_model=MonteCarloResult,
         run=run_montecarlo,
@@ -548,5 +553,8 @@ KINDS = [
                 "seed": 1,
             }
         ),
+        work=montecarlo_work,
+        split_module="kernels.crve.montecarlo_chunks",
+        plots_module="plots.crve",
     ),
 ]

@@ -1,4 +1,4 @@
-"""``crve_montecarlo`` split into chunks of replications (issue 19): what a fan-out of one job over several
+"""``crve_montecarlo`` split into chunks of replications: what a fan-out of one job over several
 workers computes, kept apart from the service so that it is tested as numerics.
 
 A run is cut into the blocks of its single-device plan (:func:`montecarlo.plan_simulation`, the same blocks
@@ -19,14 +19,17 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from kernels.backend import device_label
 from kernels.context import RunContext
+from kernels.crve import MONTECARLO_KIND
 from kernels.crve import jobs as crve_jobs
 from kernels.crve import montecarlo as mc
 from kernels.crve.jobs import montecarlo_critical_values, montecarlo_design, montecarlo_result
 from kernels.crve.spec import MonteCarloParams, MonteCarloResult
+from kernels.fanout import PlanInputs, Spec, Split
 from kernels.ranges import even_ranges
 
-KIND = "crve_montecarlo"
+KIND = MONTECARLO_KIND
 
 
 def plan(params: MonteCarloParams, xp: ModuleType) -> mc.SimulationPlan:
@@ -110,3 +113,49 @@ def partial_from_json(data: dict[str, Any]) -> mc.BlockPartial:
         int(data["count"]), rejections, float.fromhex(data["sum_centred"]), float.fromhex(data["sum_centred_sq"]),
         float.fromhex(data["sum_se"]),
     )  # fmt: skip
+
+
+# -- the split as the worker drives it (kernels/fanout.py): specs and outputs as JSON ----------------------
+
+
+def _plan_chunks(params: MonteCarloParams, xp: ModuleType, inputs: PlanInputs) -> list[Spec] | None:
+    run_plan = plan(params, xp)
+    if run_plan.n_blocks < max(inputs.min_blocks, 3):
+        return None
+    return [{"blocks": [blocks.start, blocks.stop], "block": run_plan.block,
+             "size": sum(run_plan.bounds(index)[1] for index in blocks)}
+            for blocks in split_blocks(run_plan.n_blocks, inputs.chunks)]
+
+
+def _run_plan(params: MonteCarloParams, xp: ModuleType, spec: Spec) -> mc.SimulationPlan:
+    """This worker's plan, which must be the one the chunks were cut from: the same device kind (a GPU's
+    blocks are not NumPy's)."""
+    run_plan = plan(params, xp)
+    if run_plan.block != spec["block"]:
+        raise ValueError(f"this chunk was planned in blocks of {spec['block']} replications, and this worker "
+                         f"({device_label(xp)}) computes blocks of {run_plan.block}: every worker of a queue must "
+                         "compute on the same kind of device")
+    return run_plan
+
+
+def _lead_chunk(params: MonteCarloParams, ctx: RunContext, specs: list[Spec]) -> tuple[Spec, Spec, list[Spec]]:
+    run_plan = _run_plan(params, ctx.xp, specs[0])
+    first = lead(params, ctx, run_plan)
+    shift = first.shift.hex()
+    lead_spec = {"blocks": [0, 1], "block": run_plan.block, "size": run_plan.bounds(0)[1], "shift": shift}
+    output = {"partials": [partial_to_json(first.partial)]}
+    return lead_spec, output, [{**spec, "shift": shift} for spec in specs]
+
+
+def _run_chunk(params: MonteCarloParams, ctx: RunContext, spec: Spec) -> Spec:
+    run_plan = _run_plan(params, ctx.xp, spec)
+    partials = chunk(params, ctx, run_plan, float.fromhex(spec["shift"]), range(*spec["blocks"]))
+    return {"partials": [partial_to_json(partial) for partial in partials]}
+
+
+def _reduce_chunks(params: MonteCarloParams, specs: Sequence[Spec], outputs: Sequence[Spec]) -> MonteCarloResult:
+    partials = [partial_from_json(item) for output in outputs for item in output["partials"]]
+    return reduce(params, float.fromhex(specs[0]["shift"]), partials)
+
+
+SPLIT = Split(_plan_chunks, _lead_chunk, _run_chunk, reduce=_reduce_chunks)

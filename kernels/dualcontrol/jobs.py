@@ -11,6 +11,7 @@ import numpy as np
 
 from kernels.backend import to_host
 from kernels.context import RunContext
+from kernels.dualcontrol import SOLVE_KIND
 from kernels.dualcontrol.bellman import MinimiserSettings
 from kernels.dualcontrol.grid import StateGrid, make_state_grid
 from kernels.dualcontrol.model import ModelParams
@@ -33,6 +34,7 @@ from kernels.dualcontrol.spec import (
     StateReport,
     StateSimulation,
 )
+from kernels.dualcontrol.work import solve_work
 from kernels.registry import JobKind, KindExample
 
 # Tolerance of the myopic solve that accompanies an optimal one: its own default, or tighter if asked.
@@ -343,11 +345,13 @@ EXAMPLE_PARAMS = {
 
 KINDS = [
     JobKind(
-        name="dualcontrol_solve",
+        name=SOLVE_KIND,
         params_model=DualControlParams,
         result_model=DualControlResult,
         run=run_solve,
         example=KindExample(EXAMPLE_PARAMS),
         summary="Dual control (learning and experimentation) dynamic programme: inert, myopic or optimal policy",
+        work=solve_work,
+        plots_module="plots.dualcontrol",
     ),
 ]

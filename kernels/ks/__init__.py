@@ -1,0 +1,3 @@
+"""The Krusell-Smith heterogeneous-agent model (docs/ks.md)."""
+
+SOLVE_KIND = "ks_solve"

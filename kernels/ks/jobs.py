@@ -9,6 +9,7 @@ import numpy as np
 
 from kernels.backend import to_host
 from kernels.context import RunContext
+from kernels.ks import SOLVE_KIND
 from kernels.ks.accuracy import HistogramTest, histogram_test
 from kernels.ks.grids import Grids
 from kernels.ks.inputs import AccuracyInputs, distribution_from_frame, jedc_inputs, path_from_frame
@@ -23,6 +24,7 @@ from kernels.ks.spec import (
     KSSolveResult,
     StateALM,
 )
+from kernels.ks.work import solve_work
 from kernels.registry import JobKind, KindExample
 
 if TYPE_CHECKING:
@@ -175,7 +177,7 @@ EXAMPLE = KindExample({
 })
 
 KS_SOLVE = JobKind(
-    name="ks_solve",
+    name=SOLVE_KIND,
     params_model=KSSolveParams,
     result_model=KSSolveResult,
     run=run_solve,
@@ -183,6 +185,8 @@ KS_SOLVE = JobKind(
     dataset_fields=(INITIAL_DISTRIBUTION, ACCURACY_PATH, ACCURACY_DISTRIBUTION),
     summary="Krusell-Smith (1998) economy solved by the KS algorithm: Euler-equation or EGM policy step and "
     "panel simulation on the GPU (or the ALM fitted on a non-stochastic histogram), the JEDC 2010 accuracy test",
+    work=solve_work,
+    plots_module="plots.ks",
 )
 
 KINDS = [KS_SOLVE]

@@ -1,4 +1,4 @@
-"""``sccs_analyses`` split into parts (issue 19): the exposure-outcome analyses in contiguous groups, kept apart from
+"""``sccs_analyses`` split into parts: the exposure-outcome analyses in contiguous groups, kept apart from
 the service so that it is tested as numerics (``tests/kernels/sccs/test_sccs_analyses_chunks.py``).
 
 Which analyses a job runs, and in what order, is known only once its tables are read (every exposure of every
@@ -26,23 +26,32 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from kernels.backend import to_host
 from kernels.context import RunContext
+from kernels.fanout import PlanInputs, Split
 from kernels.ranges import weighted_range
+from kernels.sccs import ANALYSES_KIND
 from kernels.sccs import chunks as fit_chunks
 from kernels.sccs.analyses import SingleFits, single_covariate_fits
 from kernels.sccs.analyses_job import load_analyses, run_analyses
 from kernels.sccs.data import SccsData
 from kernels.sccs.spec import SccsAnalysesParams, SccsAnalysesResult
 
-KIND = "sccs_analyses"
+KIND = ANALYSES_KIND
+# Fan out only a job whose covariates table has at least this many rows (the design's nonzeros, which its batch's
+# work follows: about 7.5 ns a row on an H200 when every exposure is analysed, against 4 ns a row to read and
+# build the tables): below it a part's tables and the hand-overs outweigh the analyses it takes off the others
+# (the SCCS paper's largest tables, 95M rows, run whole; docs/scaling.md). GPUEST_FANOUT_MIN_WORK's
+# sccs_analyses entry overrides it.
+MIN_ROWS = 200_000_000
 
 
-def plan(covariate_rows: int | None, chunks: int, min_rows: int) -> list[dict[str, Any]] | None:
+def plan(covariate_rows: int | None, chunks: int, min_rows: float) -> list[dict[str, Any]] | None:
     """The part specs of a fan-out into ``chunks`` parts, the lead's aside, or None when the job is too small: its
     covariates table (the design's nonzeros, which the batch's work follows) has fewer than ``min_rows`` rows, or
     its row count is unknown."""
@@ -119,3 +128,12 @@ def fits_to_json(fits: SingleFits) -> dict[str, Any]:
 def fits_from_json(data: dict[str, Any]) -> SingleFits:
     return SingleFits(**{field.name: fit_chunks.array_from_json(data[field.name])
                          for field in dataclasses.fields(SingleFits)})  # fmt: skip
+
+
+def _plan_parts(params: SccsAnalysesParams, xp: ModuleType, inputs: PlanInputs) -> list[dict[str, Any]] | None:
+    """The parts of a job by its covariates table's stored rows."""
+    min_rows = MIN_ROWS if inputs.min_work is None else inputs.min_work
+    return plan(inputs.dataset_rows.get("covariates_dataset_id"), inputs.chunks, min_rows)
+
+
+SPLIT = Split(_plan_parts, lead, run, finish=finish, min_work=MIN_ROWS)

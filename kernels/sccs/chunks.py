@@ -1,4 +1,4 @@
-"""``sccs_fit`` split into chunks (issue 19): what a fan-out of one job over several workers computes, kept apart
+"""``sccs_fit`` split into chunks: what a fan-out of one job over several workers computes, kept apart
 from the service so that it is tested as numerics (``tests/kernels/sccs/test_sccs_chunks.py``).
 
 Two splits, one per job (the first that applies):
@@ -11,7 +11,7 @@ Two splits, one per job (the first that applies):
   case weights are drawn per replicate from Philox by index. Every replicate starts from the final fit, and
   every chunk fits it itself (the same bits on every worker of a kind of device: the premise below) instead of
   waiting for one worker to fit it: at the SCCS paper's largest size that lead, its tables and its fit, was
-  1.1 s of a 2-GPU job's 8.4 (issue 19). The finish takes the first chunk's and checks that the others'
+  1.1 s of a 2-GPU job's 8.4. The finish takes the first chunk's and checks that the others'
   are the same bits. The lead fixes nothing, as for cross-validation.
 
 The **finish** then runs on any worker of the queue as the single run would, taking the chunks' fits instead of
@@ -48,15 +48,16 @@ import numpy as np
 
 from kernels.backend import is_numpy
 from kernels.context import RunContext
+from kernels.fanout import PlanInputs, Split
 from kernels.ranges import even_ranges
+from kernels.sccs import FIT_KIND, ccd
 from kernels.sccs import bootstrap as boot
-from kernels.sccs import ccd
 from kernels.sccs import cv as crossval
 from kernels.sccs.fit_job import ComputedFits, run_fit
 from kernels.sccs.fit_plan import FitPlan, final_fit
 from kernels.sccs.spec import SccsParams, SccsResult
 
-KIND = "sccs_fit"
+KIND = FIT_KIND
 CROSS_VALIDATION = "cross_validation"
 BOOTSTRAP = "bootstrap"
 # The unit the bootstrap's size is counted in to decide a fan-out: the NumPy run's batch of refits (the GPU's
@@ -309,3 +310,10 @@ def fit_from_json(data: dict[str, Any]) -> ccd.FitResult:
         return {"array": array_from_json, "bool": bool, "int": int, "float": float.fromhex}[tag](content)
 
     return ccd.FitResult(**{name: value(item) for name, item in data.items()})
+
+
+def _plan_chunks(params: SccsParams, xp: ModuleType, inputs: PlanInputs) -> list[dict[str, Any]] | None:
+    return plan(params, inputs.chunks, inputs.min_blocks)
+
+
+SPLIT = Split(_plan_chunks, lead, run, finish=finish)

@@ -7,6 +7,7 @@ and ``sccs_eras`` (person-level observation periods, events and exposures to tho
 from __future__ import annotations
 
 from kernels.registry import JobKind, KindExample
+from kernels.sccs import ANALYSES_KIND, ERAS_KIND, FIT_KIND
 from kernels.sccs.analyses_job import run_analyses
 from kernels.sccs.eras_job import run_eras
 from kernels.sccs.examples import example_analyses_params as _example_analyses_params
@@ -21,10 +22,11 @@ from kernels.sccs.spec import (
     SccsParams,
     SccsResult,
 )
+from kernels.sccs.work import analyses_work, eras_work, fit_work
 
 KINDS = [
     JobKind(
-        name="sccs_fit",
+        name=FIT_KIND,
         params_model=SccsParams,
         result_model=SccsResult,
         run=run_fit,
@@ -43,9 +45,12 @@ KINDS = [
             },
             datasets=_example_fit_tables,
         ),
+        work=fit_work,
+        split_module="kernels.sccs.chunks",
+        plots_module="plots.sccs",
     ),
     JobKind(
-        name="sccs_analyses",
+        name=ANALYSES_KIND,
         params_model=SccsAnalysesParams,
         result_model=SccsAnalysesResult,
         run=run_analyses,
@@ -54,9 +59,11 @@ KINDS = [
         "on the GPU): conditional MLE, likelihood-ratio intervals and p-values, MDRR, empirical calibration from "
         "controls",
         example=KindExample(_example_analyses_params(), datasets=_example_fit_tables),
+        work=analyses_work,
+        split_module="kernels.sccs.analyses_chunks",
     ),
     JobKind(
-        name="sccs_eras",
+        name=ERAS_KIND,
         params_model=SccsErasParams,
         result_model=SccsErasResult,
         run=run_eras,
@@ -77,5 +84,6 @@ KINDS = [
             datasets=_example_person_tables,
         ),
         host_only=True,
+        work=eras_work,
     ),
 ]

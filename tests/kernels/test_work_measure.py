@@ -1,12 +1,16 @@
-"""Each kind's work measure (kernels/work.py), checked against the product its formula states, computed here by
-hand from the validated params (defaults included), and the cap's verdict on either side of the bound."""
+"""Each kind's work measure (``JobKind.work``, in its family's ``work.py``), checked against the product its
+formula states, computed here by hand from the validated params (defaults included), and the cap's verdict on
+either side of the bound."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
-from kernels.registry import get_kind, registry
-from kernels.work import AUTO_CV_GRID_POINTS, WORK, cap_problem, job_work
+from kernels.registry import KIND_MODULES, get_kind, registry
+from kernels.sccs.work import AUTO_CV_GRID_POINTS
+from kernels.work import cap_problem, job_work
 
 
 def params(kind: str, **values: object) -> object:
@@ -14,8 +18,14 @@ def params(kind: str, **values: object) -> object:
 
 
 def test_every_registered_kind_is_measured() -> None:
-    # A kind without a measure would never be capped: a new kind adds its measure to kernels/work.py.
-    assert set(WORK) == set(registry())
+    # A kind without a measure would never be capped: a new kind declares its measure (JobKind.work).
+    product = [kind for module in KIND_MODULES for kind in importlib.import_module(module).KINDS]
+    assert len(product) >= 7 and {kind.name for kind in product} <= set(registry())
+    assert [kind.name for kind in product if kind.work is None] == []
+
+
+def test_a_kind_not_registered_has_no_work() -> None:
+    assert job_work("no_such_kind", object(), {}) is None
 
 
 def test_montecarlo_counts_observations_and_bootstrap_draws_per_replication() -> None:

@@ -52,7 +52,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields, replace
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import stats
@@ -75,6 +75,9 @@ from kernels.crve.ols import cluster_sums
 from kernels.crve.pairs import pair_statistics, pair_statistics_host
 from kernels.crve.weights import draw_weights, enumerated_weights, use_enumeration
 from kernels.timing import StageTimer
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 Report = Callable[[float, str], None]
 # On CuPy, cells above this count keep their statistics and the bootstrap operator's algebra on the device
@@ -112,6 +115,19 @@ class BootstrapOptions:
     # the bootstrap DGP's residuals (1: of the (restricted) fit; 3: of the fit leaving the bootstrap cluster
     # out, the jackknife), the second the variance of t and t* (1: CRV1; 3: CRV3).
     bootstrap_type: str = "11"
+
+    @classmethod
+    def from_params(cls, params: BaseModel, **settings: Any) -> BootstrapOptions:
+        """The options of a job's validated params: each option named like a params field takes its value (by
+        name: an option added to both needs no code here), ``settings`` the rest (the restrictions, the draws'
+        block bound, what the run derives from the params). ``param`` and ``r`` are not copied: a job names its
+        coefficient and null value in text, which its restrictions carry."""
+        names = {item.name for item in fields(cls)} - _NAMED_IN_TEXT
+        shared = {name: value for name, value in params.model_dump().items() if name in names}
+        return cls(**{**shared, **settings})
+
+
+_NAMED_IN_TEXT = frozenset({"param", "r"})  # BootstrapOptions fields a job's params hold as text (see from_params)
 
 
 @dataclass
@@ -1109,10 +1125,15 @@ class DrawSchedule:
             )
 
 
+def draw_chunk_size(block_elements: int, widest_rows: int) -> int:
+    """Draws per chunk: the most whose widest array (``widest_rows`` x draws) stays within ``block_elements``."""
+    return max(1, block_elements // widest_rows)
+
+
 def _draw_schedule(operator: _Operator, h_count: int, options: BootstrapOptions) -> DrawSchedule:
     enumerated = use_enumeration(options.weights_type, h_count, options.reps)
     reps = 2**h_count if enumerated else options.reps
-    chunk = options.draw_chunk or max(1, options.block_elements // operator.widest(h_count))
+    chunk = options.draw_chunk or draw_chunk_size(options.block_elements, operator.widest(h_count))
     return DrawSchedule(enumerated, reps, chunk)
 
 

@@ -125,9 +125,7 @@ def _size_summary(sizes: np.ndarray) -> dict[str, float]:
 def _bootstrap_frame(params: BootstrapParams, ctx: RunContext) -> pd.DataFrame:
     """The synthetic dataset (made here, on the host: formula parsing is pandas) or the uploaded one."""
     if params.synthetic is not None:
-        spec = params.synthetic
-        columns = synthetic_columns(np, spec.n_obs, spec.n_clusters, spec.n_regressors, spec.seed, spec.n_fe)
-        return pd.DataFrame(columns)
+        return pd.DataFrame(synthetic_columns(np, **params.synthetic.model_dump()))
     return ctx.dataset("dataset_id")
 
 
@@ -174,23 +172,13 @@ def draw_block_elements(on_gpu: bool) -> int:
 
 
 def bootstrap_options(params: BootstrapParams, restrictions: Restrictions, ctx: RunContext) -> BootstrapOptions:
-    return BootstrapOptions(
+    return BootstrapOptions.from_params(
+        params,
         restrictions=restrictions,
-        reps=params.reps,
-        weights_type=params.weights_type,
-        impose_null=params.impose_null,
-        p_val_type=params.p_val_type,
         conf_int=params.conf_int and restrictions.count == 1 and params.family is None,
-        sign_level=params.sign_level,
-        ssc=params.ssc,
-        seed=params.seed,
         block_elements=draw_block_elements(ctx.on_gpu),
-        fixef_method=params.fixef_method,
-        fixef_tol=params.fixef_tol,
-        fixef_maxiter=params.fixef_maxiter,
         drop_singletons=params.fixef_rm == "singleton",
         crv3=params.vcov_type == "CRV3",
-        bootstrap_type=params.bootstrap_type,
     )
 
 
@@ -290,7 +278,8 @@ def bootstrap_design(params: BootstrapParams, ctx: RunContext) -> DesignArrays:
     ctx.progress(0.0, "parsing formula")
     with ctx.stage("formula"):
         return design_from_formula(
-            _bootstrap_frame(params, ctx), params.formula, params.cluster_columns, params.bootcluster, params.weights
+            _bootstrap_frame(params, ctx), params.parsed_formula, params.cluster_columns, params.bootcluster,
+            params.weights,
         )
 
 

@@ -74,6 +74,7 @@ from kernels.crve.inference import P_VALUE_TYPES, PValueCurve, analytic_p_values
 from kernels.crve.ols import cluster_sums
 from kernels.crve.pairs import pair_statistics, pair_statistics_host
 from kernels.crve.weights import draw_weights, enumerated_weights, use_enumeration
+from kernels.spec import settings_from
 from kernels.timing import StageTimer
 
 if TYPE_CHECKING:
@@ -118,16 +119,11 @@ class BootstrapOptions:
 
     @classmethod
     def from_params(cls, params: BaseModel, **settings: Any) -> BootstrapOptions:
-        """The options of a job's validated params: each option named like a params field takes its value (by
-        name: an option added to both needs no code here), ``settings`` the rest (the restrictions, the draws'
-        block bound, what the run derives from the params). ``param`` and ``r`` are not copied: a job names its
-        coefficient and null value in text, which its restrictions carry."""
-        names = {item.name for item in fields(cls)} - _NAMED_IN_TEXT
-        shared = {name: value for name, value in params.model_dump().items() if name in names}
-        return cls(**{**shared, **settings})
-
-
-_NAMED_IN_TEXT = frozenset({"param", "r"})  # BootstrapOptions fields a job's params hold as text (see from_params)
+        """The options of a job's validated params, copied by name (:func:`kernels.spec.settings_from`);
+        ``settings`` the rest (the restrictions, the draws' block bound, what the run derives from the params).
+        ``param`` and ``r`` are not copied: a job names its coefficient and null value in text, which its
+        restrictions carry."""
+        return settings_from(cls, params, exclude=("param", "r"), **settings)
 
 
 @dataclass

@@ -171,7 +171,7 @@ class FitPlan:
 
     def __init__(self, params: SccsParams, ctx: RunContext, inputs: _FitInputs) -> None:
         self.ctx, self.data, self.prior = ctx, inputs.data, inputs.prior
-        self.options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, params.precision)
+        self.options = ccd.FitOptions.from_params(params)
         self.whiten_splines = params.precondition == "splines"
         cv_spec, boot_spec = params.cross_validation, params.bootstrap
         if cv_spec is not None and cv_spec.folds > self.data.n_cases:
@@ -293,7 +293,7 @@ def _profile(params: SccsParams, inputs: _FitInputs, result: ccd.FitResult, vari
                          f"(unknown: {unknown[:10]})")
     columns = [ids.index(covariate) for covariate in wanted]
     prior = inputs.prior.with_variance(variance) if inputs.prior.kind != "none" else inputs.prior
-    options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, "float64")
+    options = ccd.FitOptions.from_params(params, precision="float64")
     ctx.progress(0.9, f"profile likelihood of {len(columns)} covariates")
     intervals = batched_profile_intervals(inputs.data, prior, result, columns, spec.level, options,
                                           _profile_progress(ctx, 0.9, "profile likelihood"))
@@ -378,7 +378,7 @@ def _window_checks(spec: DiagnosticsSpec, inputs: _FitInputs, result: ccd.FitRes
         if covariate not in ids:
             raise ValueError(f"{field[covariate]}: covariateId {covariate} is not a covariate of the fit")
     prior = inputs.prior.with_variance(variance) if inputs.prior.kind != "none" else inputs.prior
-    options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, "float64")
+    options = ccd.FitOptions.from_params(params, precision="float64")
     ctx.progress(0.95, f"diagnostics: profile intervals of {len(bounds)} windows")
     with ctx.stage("diagnostics"):
         intervals = batched_profile_intervals(inputs.data, prior, result, [ids.index(c) for c in bounds], 0.95,

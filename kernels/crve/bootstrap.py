@@ -452,19 +452,17 @@ def _prepare_rows(xp: ModuleType, data: BootstrapData, options: BootstrapOptions
 
 
 def _check_options(data: BootstrapData, options: BootstrapOptions, k: int) -> None:
-    if options.p_val_type not in P_VALUE_TYPES:
-        raise ValueError(f"p_val_type must be one of {P_VALUE_TYPES}, not {options.p_val_type!r}")
+    """Options against the data. What a job's params refuse at submission (kernels/crve/spec.py) is asserted."""
+    assert options.p_val_type in P_VALUE_TYPES, f"p_val_type must be one of {P_VALUE_TYPES}"
+    assert options.bootstrap_type in BOOTSTRAP_TYPES, f"bootstrap_type must be one of {BOOTSTRAP_TYPES}"
+    if options.bootstrap_type != "11":
+        assert data.cluster is not None, "bootstrap_type: the jackknife variants need clusters"
+        assert options.restrictions is None or options.restrictions.count == 1, \
+            "bootstrap_type: the jackknife variants test one restriction"
     if options.restrictions is None and (options.param is None or not 0 <= options.param < k):
         raise ValueError(f"param index {options.param} outside the {k} regressors")
     if options.restrictions is not None and options.restrictions.matrix.shape[1] != k:
         raise ValueError(f"the restrictions have {options.restrictions.matrix.shape[1]} columns for {k} regressors")
-    if options.bootstrap_type not in BOOTSTRAP_TYPES:
-        raise ValueError(f"bootstrap_type must be one of {BOOTSTRAP_TYPES}, not {options.bootstrap_type!r}")
-    if options.bootstrap_type != "11":
-        if data.cluster is None:
-            raise ValueError("bootstrap_type: the jackknife variants need clusters (cluster is null: HC1)")
-        if options.restrictions is not None and options.restrictions.count > 1:
-            raise ValueError("bootstrap_type: the jackknife variants test one restriction (not a joint Wald test)")
     for _, count in _cluster_list(data):
         if count < 2:
             raise ValueError("cluster: a variance cluster column has a single cluster; at least 2 are needed")

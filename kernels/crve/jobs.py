@@ -38,6 +38,7 @@ from kernels.crve.spec import (
 )
 from kernels.crve.synthetic import synthetic_columns
 from kernels.registry import JobKind, KindExample
+from kernels.spec import settings_from
 
 # float64 elements one NumPy block of replications may hold (about 64 MB per array).
 NUMPY_BLOCK_ELEMENTS = 8_000_000
@@ -57,7 +58,7 @@ def _levels(values: dict[float, float]) -> dict[str, float]:
 
 def montecarlo_design(params: MonteCarloParams) -> mc.Design:
     # test_coefficient < n_regressors < n_obs <= MAX_OBS_PER_REPLICATION: checked by MonteCarloParams.
-    return mc.Design(params.n_clusters, params.cluster_size, params.n_regressors, params.seed, params.design_sizes)
+    return settings_from(mc.Design, params, sizes=params.design_sizes)
 
 
 def montecarlo_critical_values(params: MonteCarloParams) -> dict[float, float] | None:

@@ -1,14 +1,13 @@
-"""Checks a job spec passes before it is stored, shared by ``POST /v1/jobs`` and ``POST /v1/job-groups`` (a
-sweep's every member is checked like a single job): finite numbers, datasets that exist and belong to the
-caller, the columns the spec names, and the owner's quota of active jobs."""
+"""Checks a job spec passes before it is stored, beyond its params model (validated once, with the request
+body), shared by ``POST /v1/jobs`` and ``POST /v1/job-groups`` (a sweep's every member is checked like a single
+job): datasets that exist and belong to the caller, the columns the spec names, and the owner's quota of active
+jobs."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
 from api.problems import ProblemError, field_error
@@ -71,36 +70,6 @@ def invalid(errors: list[dict[str, Any]]) -> ProblemError:
         title="Invalid request",
         errors=errors,
     )
-
-
-def non_finite_fields(value: Any, path: str) -> Iterator[str]:
-    """Dotted paths of every NaN or infinite float inside validated params. ``JobParams`` refuses them
-    itself; this also covers a kind whose nested sections use a config of their own."""
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            yield path
-    elif isinstance(value, BaseModel):
-        for name in type(value).model_fields:
-            yield from non_finite_fields(getattr(value, name), f"{path}.{name}")
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            yield from non_finite_fields(item, f"{path}.{key}")
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            yield from non_finite_fields(item, f"{path}.{index}")
-
-
-def finite_errors(params: BaseModel) -> list[dict[str, Any]]:
-    return [
-        field_error(field, "Input should be a finite number", type_="finite_number")
-        for field in non_finite_fields(params, "params")
-    ]
-
-
-def check_finite(params: BaseModel) -> None:
-    errors = finite_errors(params)
-    if errors:
-        raise invalid(errors)
 
 
 def check_active_jobs_quota(

@@ -12,15 +12,16 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
-from api.job_checks import dataset_column_errors, dataset_columns, dataset_errors, finite_errors, invalid
+from api.job_checks import dataset_column_errors, dataset_columns, dataset_errors, invalid
 from api.problems import field_error, validation_errors
 from api.schemas import JobGroupRequest
 from api.work_cap import cpu_cap_errors
 from core.settings import Settings
 from kernels.registry import get_kind
+from kernels.spec import JobParams
 from store.groups import MemberSpec
 
 # A grid key: "params." and a dotted path of field names (a nested section's field: params.grid.n_points).
@@ -170,16 +171,16 @@ class MemberChecker:
             raw = [{**item, "loc": ("body", *item["loc"])} for item in error.errors()]
             return None, self._prefixed(prefix, validation_errors(raw, self._tags), values)
         kind = get_kind(body.kind)
-        params: BaseModel = body.params
+        params: JobParams = body.params  # validated once, above: the member stores its dump
         dataset_ids = kind.dataset_ids(params)
-        errors = finite_errors(params) or self._dataset_problems(params, dataset_ids)
+        errors = self._dataset_problems(params, dataset_ids)
         if not errors and self._settings is not None:
             errors = cpu_cap_errors(self._session, self._owner, kind, params, dataset_ids, self._settings)
         if errors:
             return None, self._prefixed(prefix, errors, values)
         return MemberSpec(kind.name, params.model_dump(mode="json"), dict(dataset_ids), dict(values)), []
 
-    def _dataset_problems(self, params: BaseModel, dataset_ids: Mapping[str, str]) -> list[dict[str, Any]]:
+    def _dataset_problems(self, params: JobParams, dataset_ids: Mapping[str, str]) -> list[dict[str, Any]]:
         if not dataset_ids:
             return []
         key = json.dumps(dict(dataset_ids), sort_keys=True)

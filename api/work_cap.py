@@ -14,6 +14,7 @@ from api.problems import field_error
 from core.settings import Settings
 from kernels import backend
 from kernels.registry import JobKind
+from kernels.spec import JobParams
 from kernels.work import cap_problem
 from store.datasets import get_dataset
 
@@ -44,7 +45,7 @@ def dataset_rows(session: Session, owner: str, dataset_ids: Mapping[str, str]) -
     return rows
 
 
-def cpu_cap_errors(session: Session, owner: str, kind: JobKind, params: object, dataset_ids: Mapping[str, str],
+def cpu_cap_errors(session: Session, owner: str, kind: JobKind, params: JobParams, dataset_ids: Mapping[str, str],
                    settings: Settings) -> list[dict[str, object]]:
     if not settings.cpu_max_work or kind.name not in settings.cpu_max_work or not jobs_run_on_cpu(kind, settings):
         return []
@@ -52,7 +53,7 @@ def cpu_cap_errors(session: Session, owner: str, kind: JobKind, params: object, 
     return [] if problem is None else [field_error(problem[0], problem[1], type_="cpu_work_cap")]
 
 
-def check_cpu_work_cap(session: Session, owner: str, kind: JobKind, params: object, dataset_ids: Mapping[str, str],
+def check_cpu_work_cap(session: Session, owner: str, kind: JobKind, params: JobParams, dataset_ids: Mapping[str, str],
                        settings: Settings) -> None:
     errors = cpu_cap_errors(session, owner, kind, params, dataset_ids, settings)
     if errors:

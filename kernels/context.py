@@ -11,7 +11,7 @@ here, made once by whoever runs the job (the worker, a test, a benchmark):
 - ``ctx.save_artifact(name, value)``: a large output kept beside the result;
 - ``ctx.reuse(key, make)``: a value built once per job in this process (:class:`JobCache`).
 
-:func:`run_kind` validates the params, runs the kind, checks the result type, reports "done", and stamps
+:func:`run_kind` runs the kind on its validated params, checks the result type, reports "done", and stamps
 the device and the stage timings on the result: no runner sets ``device`` or ``timings`` itself.
 """
 
@@ -157,9 +157,13 @@ def namespace_for(kind: JobKind, device: DeviceChoice | None = None) -> ModuleTy
     return np if kind.host_only else get_namespace(device)
 
 
-def run_kind(kind: JobKind, params: Mapping[str, Any] | JobParams, ctx: RunContext) -> dict[str, Any]:
-    """Run one job of ``kind`` in ``ctx`` and return its result JSON (device and timings stamped)."""
-    spec = params if isinstance(params, kind.params_model) else kind.params_model.model_validate(params)
+def run_kind(kind: JobKind, params: JobParams | Mapping[str, Any], ctx: RunContext) -> dict[str, Any]:
+    """Run one job of ``kind`` in ``ctx`` and return its result JSON (device and timings stamped). ``params``:
+    the kind's params model, as the worker builds it once per run; a mapping (tests, benchmarks, library
+    use) is validated here, once."""
+    spec = params if isinstance(params, JobParams) else kind.params_model.model_validate(params)
+    if not isinstance(spec, kind.params_model):
+        raise TypeError(f"{kind.name}: params are a {type(spec).__name__}, not {kind.params_model.__name__}")
     result = kind.run(spec, ctx)
     if not isinstance(result, kind.result_model):
         raise TypeError(f"{kind.name}: the runner returned {type(result).__name__}, not {kind.result_model.__name__}")

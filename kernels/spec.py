@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+Settings = TypeVar("Settings")
 
 
 class JobParams(BaseModel):
@@ -41,3 +45,18 @@ class ResultModel(BaseModel):
     timings: dict[str, float] = Field(
         default_factory=dict, description="Seconds per stage of the run (after device synchronisation), and total"
     )
+
+
+def settings_from(
+    settings_type: type[Settings], params: BaseModel, *sections: str, exclude: Collection[str] = (), **settings: Any
+) -> Settings:
+    """A kernel's settings dataclass made from a job's validated params by name: each field named like a params
+    field, or like a field of one of the nested ``sections`` (e.g. "acceleration"), takes that field's value,
+    so a setting added to both needs no code; ``exclude``: fields whose params namesakes mean something else;
+    ``settings``: the rest (what the params hold under another name, or what the run derives), over those."""
+    names = {item.name for item in dataclasses.fields(settings_type)} - set(exclude)  # type: ignore[arg-type]
+    dumped = params.model_dump()
+    values = {name: value for name, value in dumped.items() if name in names}
+    for section in sections:
+        values.update({name: value for name, value in dumped[section].items() if name in names})
+    return settings_type(**{**values, **settings})

@@ -74,7 +74,7 @@ MAX_MESSAGE_CHARS = 2000
 # --- the parent: fan out ---------------------------------------------------------------------------------
 
 
-def try_fan_out(job_id: str, worker: str, kind: JobKind, params: dict[str, Any], ctx: RunContext,
+def try_fan_out(job_id: str, worker: str, kind: JobKind, spec: JobParams, ctx: RunContext,
                 queue: str | None) -> bool:
     """Fan the claimed job out if its kind splits and it is large enough; False to run it whole. Raises what
     the kind's run would raise for bad params or a kernel error in the lead (the job then fails as usual),
@@ -83,7 +83,6 @@ def try_fan_out(job_id: str, worker: str, kind: JobKind, params: dict[str, Any],
     split = SPLITS.get(kind.name)
     if split is None or settings.fanout_chunks < 2:
         return False
-    spec = kind.params_model.model_validate(params)
     inputs = PlanInputs(settings.fanout_chunks, settings.fanout_min_blocks,
                         settings.fanout_min_work.get(kind.name, split.min_work), dataset_rows(kind.dataset_ids(spec)))
     specs = split.plan(spec, ctx.xp, inputs)

@@ -39,6 +39,7 @@ from kernels.backend import GPUUnavailableError
 from kernels.context import DatasetLoader, RunContext, namespace_for, run_kind
 from kernels.progress import JobCancelled
 from kernels.registry import JobKind, add_kind_modules, get_kind, registry
+from kernels.spec import JobParams
 from kernels.work import cap_problem
 from store import jobs as job_store
 from store.artifacts import discard_pending_outcome, load_pending_outcome, save_pending_outcome
@@ -368,16 +369,17 @@ def _run(
     try:
         if worker_stopping.is_set():  # the shutdown began between the message and the claim
             raise WorkerStopping(f"worker stopping; job {job_id} goes back to the queue")
-        over_cap = cpu_work_cap_problem(placement, params, dataset_ids)
+        spec = placement.kind.params_model.model_validate(params)  # the run's one validation
+        over_cap = cpu_work_cap_problem(placement, spec, dataset_ids)
         if over_cap is not None:
             return _failed(job_id, "cpu_work_cap", "CpuWorkCap", over_cap)
         ctx = RunContext(placement.xp, progress, dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids),
                          cache=job_cache.enter(job_id))
         # A fanned-out job whose chunks succeeded comes back to be finished from their outputs.
         kind, may_fan_out = fanout.kind_to_run(job_id, placement.kind)
-        if may_fan_out and fanout.try_fan_out(job_id, progress.worker, kind, params, ctx, queue):
+        if may_fan_out and fanout.try_fan_out(job_id, progress.worker, kind, spec, ctx, queue):
             return Outcome(JobStatus.RUNNING)
-        return Outcome(JobStatus.SUCCEEDED, result=run_kind(kind, params, ctx))
+        return Outcome(JobStatus.SUCCEEDED, result=run_kind(kind, spec, ctx))
     except WorkerStopping:
         return Outcome(JobStatus.QUEUED)
     except JobCancelled:
@@ -399,7 +401,7 @@ def _run(
         return _internal_failure(job_id, exc)
 
 
-def cpu_work_cap_problem(placement: Placement, params: dict[str, Any], dataset_ids: Mapping[str, str]) -> str | None:
+def cpu_work_cap_problem(placement: Placement, spec: JobParams, dataset_ids: Mapping[str, str]) -> str | None:
     """The operator's CPU cap (``cpu_max_work``), for a job placed on NumPy: the message when its work (its
     kind's measure, ``JobKind.work``) passes its kind's cap. The API refuses such jobs at submission where it knows they
     run on CPU; this is the worker's own check for the rest (GPUEST_DEVICE=auto with servers)."""
@@ -407,7 +409,6 @@ def cpu_work_cap_problem(placement: Placement, params: dict[str, Any], dataset_i
     assert placement.kind is not None and placement.xp is not None
     if placement.kind.name not in caps or not backend.is_numpy(placement.xp):
         return None
-    spec = placement.kind.params_model.model_validate(params)
     problem = cap_problem(placement.kind.name, spec, dataset_rows(dataset_ids), caps)
     return None if problem is None else f"{problem[0]}: {problem[1]}"
 

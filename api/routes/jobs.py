@@ -12,13 +12,12 @@ import structlog
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.callbacks import check_callback_url, register_callback
 from api.deps import JobIdPath, OwnerDep, SessionDep, SettingsDep
-from api.job_checks import check_active_jobs_quota, check_dataset_columns, check_datasets, check_finite
+from api.job_checks import check_active_jobs_quota, check_dataset_columns, check_datasets
 from api.pagination import LimitQuery, OffsetQuery, next_page
 from api.problems import ProblemError, field_error
 from api.schemas import (
@@ -34,6 +33,7 @@ from api.work_cap import check_cpu_work_cap
 from core.queue import send
 from core.status import JobPriority, JobStatus
 from kernels.registry import get_kind, registry, result_models
+from kernels.spec import JobParams
 from store import events as event_store
 from store import jobs as job_store
 from store import webhooks as webhook_store
@@ -129,8 +129,7 @@ def create_job(
 ) -> JobOut:
     """Validate the spec against its kind, store the job as `queued` and ring the worker queue."""
     kind = get_kind(body.kind)  # the registry the request union was built from
-    params: BaseModel = body.params
-    check_finite(params)
+    params: JobParams = body.params  # validated once, with the body: what is stored is its dump
     dataset_ids = kind.dataset_ids(params)
     check_datasets(session, owner, dataset_ids)
     check_dataset_columns(session, owner, params, dataset_ids)

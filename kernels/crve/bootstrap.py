@@ -52,7 +52,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields, replace
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import stats
@@ -74,7 +74,11 @@ from kernels.crve.inference import P_VALUE_TYPES, PValueCurve, analytic_p_values
 from kernels.crve.ols import cluster_sums
 from kernels.crve.pairs import pair_statistics, pair_statistics_host
 from kernels.crve.weights import draw_weights, enumerated_weights, use_enumeration
+from kernels.spec import settings_from
 from kernels.timing import StageTimer
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 Report = Callable[[float, str], None]
 # On CuPy, cells above this count keep their statistics and the bootstrap operator's algebra on the device
@@ -112,6 +116,14 @@ class BootstrapOptions:
     # the bootstrap DGP's residuals (1: of the (restricted) fit; 3: of the fit leaving the bootstrap cluster
     # out, the jackknife), the second the variance of t and t* (1: CRV1; 3: CRV3).
     bootstrap_type: str = "11"
+
+    @classmethod
+    def from_params(cls, params: BaseModel, **settings: Any) -> BootstrapOptions:
+        """The options of a job's validated params, copied by name (:func:`kernels.spec.settings_from`);
+        ``settings`` the rest (the restrictions, the draws' block bound, what the run derives from the params).
+        ``param`` and ``r`` are not copied: a job names its coefficient and null value in text, which its
+        restrictions carry."""
+        return settings_from(cls, params, exclude=("param", "r"), **settings)
 
 
 @dataclass
@@ -440,19 +452,17 @@ def _prepare_rows(xp: ModuleType, data: BootstrapData, options: BootstrapOptions
 
 
 def _check_options(data: BootstrapData, options: BootstrapOptions, k: int) -> None:
-    if options.p_val_type not in P_VALUE_TYPES:
-        raise ValueError(f"p_val_type must be one of {P_VALUE_TYPES}, not {options.p_val_type!r}")
+    """Options against the data. What a job's params refuse at submission (kernels/crve/spec.py) is asserted."""
+    assert options.p_val_type in P_VALUE_TYPES, f"p_val_type must be one of {P_VALUE_TYPES}"
+    assert options.bootstrap_type in BOOTSTRAP_TYPES, f"bootstrap_type must be one of {BOOTSTRAP_TYPES}"
+    if options.bootstrap_type != "11":
+        assert data.cluster is not None, "bootstrap_type: the jackknife variants need clusters"
+        assert options.restrictions is None or options.restrictions.count == 1, \
+            "bootstrap_type: the jackknife variants test one restriction"
     if options.restrictions is None and (options.param is None or not 0 <= options.param < k):
         raise ValueError(f"param index {options.param} outside the {k} regressors")
     if options.restrictions is not None and options.restrictions.matrix.shape[1] != k:
         raise ValueError(f"the restrictions have {options.restrictions.matrix.shape[1]} columns for {k} regressors")
-    if options.bootstrap_type not in BOOTSTRAP_TYPES:
-        raise ValueError(f"bootstrap_type must be one of {BOOTSTRAP_TYPES}, not {options.bootstrap_type!r}")
-    if options.bootstrap_type != "11":
-        if data.cluster is None:
-            raise ValueError("bootstrap_type: the jackknife variants need clusters (cluster is null: HC1)")
-        if options.restrictions is not None and options.restrictions.count > 1:
-            raise ValueError("bootstrap_type: the jackknife variants test one restriction (not a joint Wald test)")
     for _, count in _cluster_list(data):
         if count < 2:
             raise ValueError("cluster: a variance cluster column has a single cluster; at least 2 are needed")
@@ -1109,10 +1119,15 @@ class DrawSchedule:
             )
 
 
+def draw_chunk_size(block_elements: int, widest_rows: int) -> int:
+    """Draws per chunk: the most whose widest array (``widest_rows`` x draws) stays within ``block_elements``."""
+    return max(1, block_elements // widest_rows)
+
+
 def _draw_schedule(operator: _Operator, h_count: int, options: BootstrapOptions) -> DrawSchedule:
     enumerated = use_enumeration(options.weights_type, h_count, options.reps)
     reps = 2**h_count if enumerated else options.reps
-    chunk = options.draw_chunk or max(1, options.block_elements // operator.widest(h_count))
+    chunk = options.draw_chunk or draw_chunk_size(options.block_elements, operator.widest(h_count))
     return DrawSchedule(enumerated, reps, chunk)
 
 

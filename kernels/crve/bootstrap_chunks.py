@@ -56,9 +56,9 @@ from kernels.crve.bootstrap import (
     bootstrap_draws,
     bootstrap_inference,
     bootstrap_setup,
+    draw_chunk_size,
     draw_schedule,
 )
-from kernels.crve.formula import parse_formula
 from kernels.crve.spec import BootstrapParams, BootstrapResult
 from kernels.fanout import PlanInputs, Split
 from kernels.ranges import even_range
@@ -107,7 +107,7 @@ def plan(
     weights (H x B) or too few draw chunks for two parts of ``MIN_CHUNKS_PER_PART`` each."""
     if params.family is not None or parts < 2:
         return None
-    parsed = parse_formula(params.formula)  # parsed once already: BootstrapParams refuses one it cannot parse
+    parsed = params.parsed_formula
     if parsed.iv is not None or not _deterministic_on(xp, params, parsed.fe_names):
         return None
     h_count = bootstrap_clusters(params, dataset_rows)
@@ -116,7 +116,7 @@ def plan(
     # The widest array of a chunk of draws has q x H rows (H with clusters that are the bootstrap clusters,
     # the rows themselves without): the single run's chunk, as kernels.crve.bootstrap._draw_schedule sizes it.
     restrictions = max(1, len(params.restriction_texts))
-    chunk = max(1, crve_jobs.draw_block_elements(not is_numpy(xp)) // (restrictions * h_count))
+    chunk = draw_chunk_size(crve_jobs.draw_block_elements(not is_numpy(xp)), restrictions * h_count)
     n_chunks = -(-params.reps // chunk)
     count = min(parts, n_chunks // MIN_CHUNKS_PER_PART)
     if count < 2:

@@ -43,6 +43,7 @@ MAX_FIXED_EFFECTS = 4
 class ParsedFormula:
     """A formula split at '|': the model part, the absorbed fixed effects, and the names the model part needs."""
 
+    text: str  # the formula as written
     main: str
     fe_names: list[str]  # each a column or "a^b" (the interaction of columns a and b)
     variables: list[str]  # data columns the model part reads
@@ -79,7 +80,32 @@ def parse_formula(formula: str) -> ParsedFormula:
     if iv is not None:
         variables = sorted({*variables, iv.endogenous, *iv.instrument_variables})
         terms = [*terms, iv.endogenous]
-    return ParsedFormula(main=main, fe_names=fe_names, variables=variables, functions=functions, terms=terms, iv=iv)
+    return ParsedFormula(text=formula, main=main, fe_names=fe_names, variables=variables, functions=functions,
+                         terms=terms, iv=iv)
+
+
+class FormulaText(str):
+    """A formula's text that carries its parse: what the params' validator makes of a formula it has parsed, so
+    the later validators, the API's column check and the run read that one parse (``BootstrapParams.parsed_formula``).
+    A plain ``str`` everywhere else (JSON, equality, hashing)."""
+
+    parsed: ParsedFormula
+
+    @classmethod
+    def of(cls, parsed: ParsedFormula) -> FormulaText:
+        text = cls(parsed.text)
+        text.parsed = parsed
+        return text
+
+
+def parse_of(formula: str | ParsedFormula) -> ParsedFormula:
+    """The parse of ``formula``: the one it carries (a :class:`ParsedFormula`, a :class:`FormulaText`), or
+    :func:`parse_formula`'s of plain text."""
+    if isinstance(formula, ParsedFormula):
+        return formula
+    if isinstance(formula, FormulaText):
+        return formula.parsed
+    return parse_formula(formula)
 
 
 @dataclass(frozen=True)
@@ -129,21 +155,21 @@ def _fixed_effect_names(absorbed: str) -> list[str]:
 
 
 def column_problems(
-    formula: str, named_columns: dict[str, list[str]], columns: Collection[str]
+    formula: str | ParsedFormula, named_columns: dict[str, list[str]], columns: Collection[str]
 ) -> list[tuple[str, str]]:
     """What a dataset with these ``columns`` lacks for the job, as (params field, message) pairs: the parse
     error, names in the formula (its fixed effects included) and the columns other fields name
     (``named_columns``: field -> columns, e.g. {"cluster": ["firm", "year"]}). Empty when it fits.
     Needs only the column names, so the API checks it at submission against a dataset's stored schema."""
     try:
-        parsed = parse_formula(formula)
+        parse = parse_of(formula)
     except ValueError as error:
         return [("formula", str(error).removeprefix("formula: "))]
     problems = []
-    absent = [name for name in [*parsed.variables, *parsed.fe_columns] if name not in columns]
+    absent = [name for name in [*parse.variables, *parse.fe_columns] if name not in columns]
     if absent:
         problems.append(("formula", f"columns {absent} are not in the dataset"))
-    unknown = [name for name in parsed.functions if name not in columns]
+    unknown = [name for name in parse.functions if name not in columns]
     if unknown:
         problems.append(("formula", f"{unknown} are neither functions formulaic knows nor columns of the dataset"))
     for field, names in named_columns.items():
@@ -227,24 +253,26 @@ def _check_finite(frame: pd.DataFrame, columns: list[str]) -> None:
 
 def design_from_formula(
     frame: pd.DataFrame,
-    formula: str,
+    formula: str | ParsedFormula,
     cluster: list[str],
     bootcluster: str | None = None,
     weights: str | None = None,
 ) -> DesignArrays:
-    """Parse ``formula`` on ``frame``; raise ValueError naming the column or parameter at fault.
+    """The design of ``formula`` (text, parsed here, or its parse) on ``frame``; raise ValueError naming the
+    column or parameter at fault.
 
     ``cluster``: the variance cluster columns (empty: heteroskedasticity-robust)."""
-    parsed = parse_formula(formula)
-    main = parsed.main
-    missing = [name for name in parsed.variables if name not in frame.columns]
+    parse = parse_of(formula)
+    formula = parse.text
+    main = parse.main
+    missing = [name for name in parse.variables if name not in frame.columns]
     if missing:
         raise ValueError(f"formula: columns {missing} are not in the dataset (columns: {list(frame.columns)})")
-    unknown = [name for name in parsed.functions if name not in frame.columns]
+    unknown = [name for name in parse.functions if name not in frame.columns]
     if unknown:
         raise ValueError(f"formula: {unknown} are neither functions formulaic knows nor columns of the dataset")
-    _check_finite(frame, parsed.variables)
-    if parsed.fe_names:
+    _check_finite(frame, parse.variables)
+    if parse.fe_names:
         main = main + " + 1"  # reduced-rank contrasts; the Intercept column is dropped below
     try:
         matrices = model_matrix(main, frame, na_action="raise")
@@ -253,26 +281,26 @@ def design_from_formula(
     if not hasattr(matrices, "lhs") or matrices.lhs.shape[1] != 1:
         raise ValueError(f"formula: {formula!r} needs exactly one dependent variable left of '~'")
     x_frame = matrices.rhs
-    if parsed.fe_names:
+    if parse.fe_names:
         x_frame = x_frame.drop(columns=[INTERCEPT])  # spanned by the fixed effects
     if x_frame.shape[1] == 0:
         raise ValueError(f"formula: {formula!r} has no regressors")
     boot = None if bootcluster is None else _codes(frame, bootcluster, "bootcluster")
     endogenous = instruments = instrument_names = None
-    if parsed.iv is not None:
-        endogenous, instruments, instrument_names = _iv_arrays(frame, parsed.iv, x_frame.columns)
+    if parse.iv is not None:
+        endogenous, instruments, instrument_names = _iv_arrays(frame, parse.iv, x_frame.columns)
     return DesignArrays(
         x=np.ascontiguousarray(x_frame.to_numpy(dtype=np.float64)),
         y=np.ascontiguousarray(matrices.lhs.to_numpy(dtype=np.float64)[:, 0]),
         names=[str(name) for name in x_frame.columns],
         clusters=[_codes(frame, name, "cluster") for name in cluster],
         bootcluster=boot,
-        fixed_effects=[_codes(frame, name, "formula fixed effect") for name in parsed.fe_names],
+        fixed_effects=[_codes(frame, name, "formula fixed effect") for name in parse.fe_names],
         weights=None if weights is None else _weights(frame, weights),
         endogenous=endogenous,
         instruments=instruments,
         instrument_names=instrument_names,
-        endogenous_name=None if parsed.iv is None else parsed.iv.endogenous,
+        endogenous_name=None if parse.iv is None else parse.iv.endogenous,
     )
 
 

@@ -40,6 +40,7 @@ from kernels.crve.spec import (
 from kernels.crve.synthetic import synthetic_columns
 from kernels.crve.work import bootstrap_work, montecarlo_work
 from kernels.registry import JobKind, KindExample
+from kernels.spec import settings_from
 
 # float64 elements one NumPy block of replications may hold (about 64 MB per array).
 NUMPY_BLOCK_ELEMENTS = 8_000_000
@@ -59,7 +60,7 @@ def _levels(values: dict[float, float]) -> dict[str, float]:
 
 def montecarlo_design(params: MonteCarloParams) -> mc.Design:
     # test_coefficient < n_regressors < n_obs <= MAX_OBS_PER_REPLICATION: checked by MonteCarloParams.
-    return mc.Design(params.n_clusters, params.cluster_size, params.n_regressors, params.seed, params.design_sizes)
+    return settings_from(mc.Design, params, sizes=params.design_sizes)
 
 
 def montecarlo_critical_values(params: MonteCarloParams) -> dict[float, float] | None:
@@ -127,9 +128,7 @@ def _size_summary(sizes: np.ndarray) -> dict[str, float]:
 def _bootstrap_frame(params: BootstrapParams, ctx: RunContext) -> pd.DataFrame:
     """The synthetic dataset (made here, on the host: formula parsing is pandas) or the uploaded one."""
     if params.synthetic is not None:
-        spec = params.synthetic
-        columns = synthetic_columns(np, spec.n_obs, spec.n_clusters, spec.n_regressors, spec.seed, spec.n_fe)
-        return pd.DataFrame(columns)
+        return pd.DataFrame(synthetic_columns(np, **params.synthetic.model_dump()))
     return ctx.dataset("dataset_id")
 
 
@@ -176,23 +175,13 @@ def draw_block_elements(on_gpu: bool) -> int:
 
 
 def bootstrap_options(params: BootstrapParams, restrictions: Restrictions, ctx: RunContext) -> BootstrapOptions:
-    return BootstrapOptions(
+    return BootstrapOptions.from_params(
+        params,
         restrictions=restrictions,
-        reps=params.reps,
-        weights_type=params.weights_type,
-        impose_null=params.impose_null,
-        p_val_type=params.p_val_type,
         conf_int=params.conf_int and restrictions.count == 1 and params.family is None,
-        sign_level=params.sign_level,
-        ssc=params.ssc,
-        seed=params.seed,
         block_elements=draw_block_elements(ctx.on_gpu),
-        fixef_method=params.fixef_method,
-        fixef_tol=params.fixef_tol,
-        fixef_maxiter=params.fixef_maxiter,
         drop_singletons=params.fixef_rm == "singleton",
         crv3=params.vcov_type == "CRV3",
-        bootstrap_type=params.bootstrap_type,
     )
 
 
@@ -292,7 +281,8 @@ def bootstrap_design(params: BootstrapParams, ctx: RunContext) -> DesignArrays:
     ctx.progress(0.0, "parsing formula")
     with ctx.stage("formula"):
         return design_from_formula(
-            _bootstrap_frame(params, ctx), params.formula, params.cluster_columns, params.bootcluster, params.weights
+            _bootstrap_frame(params, ctx), params.parsed_formula, params.cluster_columns, params.bootcluster,
+            params.weights,
         )
 
 

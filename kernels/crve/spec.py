@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from kernels.crve.formula import column_problems, parse_formula
+from kernels.crve.formula import FormulaText, ParsedFormula, column_problems, parse_formula, parse_of
 from kernels.crve.hypothesis import submission_problems
 from kernels.spec import JobParams, ResultModel, ResultPart
 
@@ -219,11 +219,12 @@ class SyntheticDataset(JobParams):
 
 
 def _check_restrictions(texts: list[str], info: ValidationInfo) -> None:
-    """Restrictions against the formula's terms (no data needed; the formula field is validated first)."""
+    """Restrictions against the formula's terms (no data needed; the formula field is validated first and
+    carries its parse)."""
     formula = info.data.get("formula")
     if formula is None:
         return
-    problems = submission_problems(texts, parse_formula(formula).terms)
+    problems = submission_problems(texts, parse_of(formula).terms)
     if problems:
         raise ValueError("; ".join(problems))
 
@@ -360,11 +361,12 @@ class BootstrapParams(JobParams):
     @field_validator("formula")
     @classmethod
     def _parses(cls, formula: str) -> str:
+        """The one parse of the formula (no data needed: a typo is a 422 on params.formula at submission),
+        carried by the text for the validators after this one and for the run (:attr:`parsed_formula`)."""
         try:
-            parse_formula(formula)  # no data needed: a typo is a 422 on params.formula at submission
+            return FormulaText.of(parse_formula(formula))
         except ValueError as error:
             raise ValueError(str(error).removeprefix("formula: ")) from None
-        return formula
 
     @field_validator("cluster")
     @classmethod
@@ -419,7 +421,7 @@ class BootstrapParams(JobParams):
             raise ValueError("bootcluster needs cluster: the heteroskedastic bootstrap draws a weight per observation")
         if self.cluster is None and self.vcov_type == "CRV3":
             raise ValueError("vcov_type CRV3 needs cluster (null is the heteroskedastic HC1)")
-        iv = parse_formula(self.formula).iv
+        iv = self.parsed_formula.iv
         if iv is not None:
             _check_iv_spec(self, iv.endogenous)
         if self.bootstrap_type != "11" and (self.cluster is None or self.family is not None
@@ -427,6 +429,11 @@ class BootstrapParams(JobParams):
             raise ValueError("bootstrap_type other than 11 needs clusters and one restriction (no family, no joint "
                              "test)")  # fmt: skip
         return self
+
+    @property
+    def parsed_formula(self) -> ParsedFormula:
+        """The formula's parse, made once when these params were validated."""
+        return parse_of(self.formula)
 
     @property
     def cluster_columns(self) -> list[str]:
@@ -450,7 +457,7 @@ class BootstrapParams(JobParams):
         for field in ("bootcluster", "weights"):
             if getattr(self, field) is not None:
                 named[field] = [getattr(self, field)]
-        return column_problems(self.formula, named, columns["dataset_id"])
+        return column_problems(self.parsed_formula, named, columns["dataset_id"])
 
 
 class CoefficientRow(ResultPart):

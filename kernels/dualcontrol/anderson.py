@@ -33,8 +33,7 @@ class AndersonMixer:
     """
 
     def __init__(self, memory: int, xp: Any, restart_growth: float = 10.0, ridge: float = 1e-12) -> None:
-        if memory < 1:
-            raise ValueError(f"Anderson memory must be at least 1, not {memory}")
+        assert memory >= 1, f"Anderson memory must be at least 1, not {memory}"
         self.memory, self.xp = memory, xp
         self.restart_growth, self.ridge = restart_growth, ridge
         self._d_residual: Any = None  # (memory, N) ring buffer of f_{j+1} - f_j, allocated on first use

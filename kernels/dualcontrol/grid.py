@@ -71,12 +71,9 @@ def make_axis(
     so that one of its points maps to the anchor, and the end nodes stay at the exact ends (the two end cells
     are then about half to one and a half steps wide in z). Locating is unchanged: it reads ``z_lo``.
     """
-    if not hi > lo:
-        raise ValueError(f"axis max {hi} must exceed min {lo}")
-    if size < 2:
-        raise ValueError(f"an axis needs at least 2 nodes, not {size}")
-    if concentration < 0.0:
-        raise ValueError(f"concentration must be non-negative, not {concentration}")
+    assert hi > lo, f"axis max {hi} must exceed min {lo}"
+    assert size >= 2, f"an axis needs at least 2 nodes, not {size}"
+    assert concentration >= 0.0, f"concentration must be non-negative, not {concentration}"
     if concentration == 0.0 or centre is None:
         axis = Axis(lo, hi, size, 0.5 * (lo + hi), 0.0, 1.0, lo, (hi - lo) / (size - 1))
     else:
@@ -149,8 +146,7 @@ def make_state_grid(
     ``mu_node_at_zero`` a node sits exactly at mu = 0 (when 0 lies inside the mu range), so the non-learning
     line is on the grid rather than interpolated from neighbours where learning does happen.
     """
-    if sigma[0] <= 0.0:
-        raise ValueError(f"the Sigma axis must stay positive, min is {sigma[0]}")
+    assert sigma[0] > 0.0, f"the Sigma axis must stay positive, min is {sigma[0]}"
     mu_c = concentration if mu_concentration is None else mu_concentration
     return StateGrid(
         make_axis(*x, centre=xbar, concentration=concentration),

@@ -12,7 +12,6 @@ import numpy as np
 from kernels.backend import to_host
 from kernels.context import RunContext
 from kernels.dualcontrol import SOLVE_KIND
-from kernels.dualcontrol.bellman import MinimiserSettings
 from kernels.dualcontrol.grid import StateGrid, make_state_grid
 from kernels.dualcontrol.model import ModelParams
 from kernels.dualcontrol.report import (
@@ -59,23 +58,8 @@ def _grid(params: DualControlParams) -> StateGrid:
 def _settings(
     params: DualControlParams, policy: str, tolerance: float, coarse_to_fine: bool | None = None
 ) -> SolveSettings:
-    acc = params.acceleration
-    return SolveSettings(
-        policy=policy,  # type: ignore[arg-type]
-        tolerance=tolerance,
-        max_iterations=params.max_iterations,
-        evaluation_sweeps=acc.evaluation_sweeps,
-        coarse_to_fine=acc.coarse_to_fine if coarse_to_fine is None else coarse_to_fine,
-        coarsest_size=acc.coarsest_size,
-        evaluation=acc.evaluation,
-        anderson_memory=acc.anderson_memory,
-        criterion=params.convergence,
-        quadrature_nodes=params.quadrature_nodes,
-        dtype=np.float64 if params.precision == "float64" else np.float32,
-        minimiser=MinimiserSettings(params.minimizer.scan_points, params.minimizer.golden_iterations),
-        interpolation=params.interpolation,
-        gpus=params.gpus,
-    )
+    overrides = {} if coarse_to_fine is None else {"coarse_to_fine": coarse_to_fine}
+    return SolveSettings.from_params(params, policy, tolerance, **overrides)  # type: ignore[arg-type]
 
 
 def _levels(solution: Solution) -> list[LevelReport]:

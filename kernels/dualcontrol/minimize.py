@@ -29,8 +29,7 @@ def golden_section_minimise(
 
     ``objective(u)`` maps an array of controls (one per point) to the objective at each point.
     """
-    if scan_points < 2:
-        raise ValueError(f"scan_points must be at least 2, not {scan_points}")
+    assert scan_points >= 2, f"scan_points must be at least 2, not {scan_points}"
     best_u = starts[0]
     best_q = objective(best_u)
 

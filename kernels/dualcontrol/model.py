@@ -24,14 +24,11 @@ class ModelParams:
     ubar: float
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.delta < 1.0:
-            raise ValueError(f"delta must lie in [0, 1), not {self.delta}")
-        if not -1.0 < self.gamma < 1.0:
-            raise ValueError(f"gamma must lie in (-1, 1), not {self.gamma}")
-        if self.sigma_eps <= 0.0:
-            raise ValueError(f"sigma_eps must be positive, not {self.sigma_eps}")
-        if self.omega < 0.0:
-            raise ValueError(f"omega must be non-negative, not {self.omega}")
+        # The model's domain: a job's ModelSpec bounds each within it (kernels/dualcontrol/spec.py).
+        assert 0.0 <= self.delta < 1.0, f"delta must lie in [0, 1), not {self.delta}"
+        assert -1.0 < self.gamma < 1.0, f"gamma must lie in (-1, 1), not {self.gamma}"
+        assert self.sigma_eps > 0.0, f"sigma_eps must be positive, not {self.sigma_eps}"
+        assert self.omega >= 0.0, f"omega must be non-negative, not {self.omega}"
 
     @property
     def sigma_eps2(self) -> float:

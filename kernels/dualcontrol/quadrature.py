@@ -18,8 +18,7 @@ def normal_quadrature(n_nodes: int, drop_below: float = 0.0) -> tuple[np.ndarray
     for polynomials of degree ``2 n - 1``; the weights sum to one. ``drop_below``: the nodes of smaller weight
     are left out (the outermost ones; the others keep their weights), e.g. :data:`NEGLIGIBLE_WEIGHT`.
     """
-    if n_nodes < 1:
-        raise ValueError(f"need at least one quadrature node, not {n_nodes}")
+    assert n_nodes >= 1, f"need at least one quadrature node, not {n_nodes}"
     t, w = np.polynomial.hermite.hermgauss(n_nodes)
     z, w = math.sqrt(2.0) * t, w / math.sqrt(math.pi)
     keep = w >= drop_below

@@ -76,8 +76,7 @@ def simulate_costs(
     ``controls[name]`` gives the policy's control and ``tails[name]`` its cost-to-go (for the tail term) at
     flat arrays of states; both run on ``xp``.
     """
-    if n_paths < 2:
-        raise ValueError(f"need at least two paths for a standard error, not {n_paths}")
+    assert n_paths >= 2, f"need at least two paths for a standard error, not {n_paths}"
     n_states = states.shape[0]
     size = n_states * n_paths
     path_index = xp.arange(size, dtype=xp.int64)

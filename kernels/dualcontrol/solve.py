@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -35,6 +35,10 @@ from kernels.dualcontrol.bellman import BellmanOperator, Interpolation, Minimise
 from kernels.dualcontrol.grid import StateGrid, interpolate, x_curvature
 from kernels.dualcontrol.model import ModelParams, myopic_policy
 from kernels.dualcontrol.slabs import MIN_POINTS_PER_GPU, SlabBellman, check_gpus, level_gpus
+from kernels.spec import settings_from
+
+if TYPE_CHECKING:
+    from kernels.dualcontrol.spec import DualControlParams
 
 Policy = Literal["inert", "myopic", "optimal"]
 Criterion = Literal["macqueen_porteus", "sup_norm"]
@@ -67,6 +71,21 @@ class SolveSettings:
     # copies would cost more than the split saves, run on fewer or on one
     gpus: int = 1
     min_points_per_gpu: int = MIN_POINTS_PER_GPU
+
+    @classmethod
+    def from_params(cls, params: DualControlParams, policy: Policy, tolerance: float, **settings: Any) -> SolveSettings:
+        """The settings of a solve of ``policy`` to ``tolerance`` for a job's validated params, copied by name
+        (:func:`kernels.spec.settings_from`: the top level and ``acceleration``; the minimiser from
+        ``minimizer``); the stopping rule and the precision are named otherwise there; ``settings`` over those."""
+        return settings_from(
+            cls, params, "acceleration",
+            policy=policy,
+            tolerance=tolerance,
+            criterion=params.convergence,
+            dtype=np.float64 if params.precision == "float64" else np.float32,
+            minimiser=settings_from(MinimiserSettings, params.minimizer),
+            **settings,
+        )
 
 
 @dataclass

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +38,10 @@ from kernels.backend import is_numpy, to_host
 from kernels.sccs import model
 from kernels.sccs.data import SccsData
 from kernels.sccs.model import Prior
+from kernels.spec import settings_from
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 CONVERGENCE_RULES = ("xbeta", "gradient")
 INITIAL_TRUST_REGION = 1.0
@@ -48,6 +53,12 @@ class FitOptions:
     max_iterations: int = 1000
     convergence: str = "xbeta"
     precision: str = "float64"
+
+    @classmethod
+    def from_params(cls, params: BaseModel, **settings: Any) -> FitOptions:
+        """The options of a job's validated params, copied by name (:func:`kernels.spec.settings_from`);
+        ``settings`` over those."""
+        return settings_from(cls, params, **settings)
 
     def __post_init__(self) -> None:
         if self.convergence not in CONVERGENCE_RULES:

@@ -68,7 +68,7 @@ def _window_checks(spec: DiagnosticsSpec, inputs: FitInputs, result: ccd.FitResu
         if covariate not in ids:
             raise ValueError(f"{field[covariate]}: covariateId {covariate} is not a covariate of the fit")
     prior = inputs.prior.with_variance(variance) if inputs.prior.kind != "none" else inputs.prior
-    options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, "float64")
+    options = ccd.FitOptions.from_params(params, precision="float64")
     ctx.progress(0.95, f"diagnostics: profile intervals of {len(bounds)} windows")
     with ctx.stage("diagnostics"):
         intervals = batched_profile_intervals(inputs.data, prior, result, [ids.index(c) for c in bounds], 0.95,

@@ -81,7 +81,7 @@ class FitPlan:
 
     def __init__(self, params: SccsParams, ctx: RunContext, inputs: FitInputs) -> None:
         self.ctx, self.data, self.prior = ctx, inputs.data, inputs.prior
-        self.options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, params.precision)
+        self.options = ccd.FitOptions.from_params(params)
         self.whiten_splines = params.precondition == "splines"
         cv_spec, boot_spec = params.cross_validation, params.bootstrap
         if cv_spec is not None and cv_spec.folds > self.data.n_cases:

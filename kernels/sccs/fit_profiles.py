@@ -24,7 +24,7 @@ def profile_intervals(params: SccsParams, inputs: FitInputs, result: ccd.FitResu
                          f"(unknown: {unknown[:10]})")
     columns = [ids.index(covariate) for covariate in wanted]
     prior = inputs.prior.with_variance(variance) if inputs.prior.kind != "none" else inputs.prior
-    options = ccd.FitOptions(params.tolerance, params.max_iterations, params.convergence, "float64")
+    options = ccd.FitOptions.from_params(params, precision="float64")
     ctx.progress(0.9, f"profile likelihood of {len(columns)} covariates")
     intervals = batched_profile_intervals(inputs.data, prior, result, columns, spec.level, options,
                                           profile_progress(ctx, 0.9, "profile likelihood"))

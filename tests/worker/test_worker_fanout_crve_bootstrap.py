@@ -164,7 +164,9 @@ def fan_out_here(job_id: str, dataset_id: str) -> bool:
         assert job_store.claim(session, job_id, worker=WORKER, device="cpu")
     dataset_ids = {"dataset_id": dataset_id}
     ctx = RunContext(np, JobProgress(job_id, WORKER), dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids))
-    return fanout.try_fan_out(job_id, WORKER, get_kind(KIND), load(job_id).params, ctx, get_settings().queue)
+    kind = get_kind(KIND)
+    params = kind.params_model.model_validate(load(job_id).params)
+    return fanout.try_fan_out(job_id, WORKER, kind, params, ctx, get_settings().queue)
 
 
 def test_a_bootstrap_whose_callback_is_lost_is_finished_by_a_worker_exactly(

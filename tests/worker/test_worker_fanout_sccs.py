@@ -167,7 +167,7 @@ def test_a_bootstrap_split_whose_callback_is_lost_is_finished_by_a_worker_exactl
     with session_scope() as session:
         assert job_store.claim(session, job_id, worker=WORKER, device="cpu")
     ctx = RunContext(np, JobProgress(job_id, WORKER), dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids))
-    params = load(job_id).params
+    params = get_kind(KIND).params_model.model_validate(load(job_id).params)
     assert fanout.try_fan_out(job_id, WORKER, get_kind(KIND), params, ctx, stack_env["GPUEST_QUEUE"])
     rows = chunks_of(job_id)
     assert [row.status for row in rows] == ["succeeded", "queued", "queued", "queued"]
@@ -218,7 +218,8 @@ def bootstrap_with_chunks_stored_unsettled(stack_env: dict[str, str], tmp_path: 
     with session_scope() as session:
         assert job_store.claim(session, job_id, worker=WORKER, device="cpu")
     ctx = RunContext(np, JobProgress(job_id, WORKER), dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids))
-    assert fanout.try_fan_out(job_id, WORKER, get_kind(KIND), load(job_id).params, ctx, stack_env["GPUEST_QUEUE"])
+    params = get_kind(KIND).params_model.model_validate(load(job_id).params)
+    assert fanout.try_fan_out(job_id, WORKER, get_kind(KIND), params, ctx, stack_env["GPUEST_QUEUE"])
     for row in chunks_of(job_id)[1:]:
         assert fanout.execute_chunk(row.id, "host:2:w") == JobStatus.SUCCEEDED
     return job_id

@@ -45,7 +45,9 @@ def fanned_job(stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> It
     ctx = RunContext(np, JobProgress(job_id, WORKER), lambda field: None)
     # Fan-out happens inside a worker, where Celery does not subscribe to the results of what it sends.
     monkeypatch.setattr(celery_state, "_task_join_will_block", True)
-    assert fanout.try_fan_out(job_id, WORKER, get_kind("crve_montecarlo"), PARAMS, ctx, stack_env["GPUEST_QUEUE"])
+    kind = get_kind("crve_montecarlo")
+    params = kind.params_model.model_validate(PARAMS)
+    assert fanout.try_fan_out(job_id, WORKER, kind, params, ctx, stack_env["GPUEST_QUEUE"])
     yield job_id
     app = core.queue.get_celery_app()
     pool = getattr(getattr(app.backend, "client", None), "connection_pool", None)

@@ -64,7 +64,9 @@ def fan_out(job_id: str, size: int) -> bool:
     with session_scope() as session:
         assert job_store.claim(session, job_id, worker=WORKER, device="cpu")
     ctx = RunContext(np, JobProgress(job_id, WORKER), lambda field: None)
-    return fanout.try_fan_out(job_id, WORKER, registry.get_kind(echo.KIND), {"size": size}, ctx, get_settings().queue)
+    kind = registry.get_kind(echo.KIND)
+    spec = kind.params_model.model_validate({"size": size})
+    return fanout.try_fan_out(job_id, WORKER, kind, spec, ctx, get_settings().queue)
 
 
 def test_the_generic_fan_out_splits_the_registered_kind_and_reduces_it_exactly(

@@ -1,0 +1,85 @@
+"""The API validates a job's params once per submission and parses crve_bootstrap's formula once: its later
+checks (the restrictions, the IV rules, the columns of the stored dataset, the CPU cap) read that one parse.
+
+``BootstrapParams`` parses its formula in the formula field's validator, exactly once per validation of the
+model, and nothing else parses it: so the count of ``parse_formula`` calls is the count of validations, and of
+parses, of a submission's params."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from fastapi.testclient import TestClient
+
+import kernels.crve.formula
+import kernels.crve.spec
+from kernels.crve.formula import ParsedFormula, parse_formula
+
+CSV = b"y,x1,x2,z,firm,year\n" + b"".join(
+    f"{i * 0.5 + (i % 3)},{i},{(i * 7) % 11},{(i * 5) % 13},{i % 4},{i % 5}\n".encode() for i in range(40)
+)
+
+
+@pytest.fixture
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The formulas parsed from here on (wherever crve code parses one)."""
+    seen: list[str] = []
+
+    def counting(formula: str) -> ParsedFormula:
+        seen.append(str(formula))
+        return parse_formula(formula)
+
+    monkeypatch.setattr(kernels.crve.spec, "parse_formula", counting)
+    monkeypatch.setattr(kernels.crve.formula, "parse_formula", counting)
+    return seen
+
+
+@pytest.fixture
+def dataset_id(client: TestClient, alice: dict[str, str]) -> str:
+    response = client.post("/v1/datasets", files={"file": ("panel.csv", CSV, "text/csv")}, headers=alice)
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def _spec(dataset_id: str, **params: object) -> dict[str, object]:
+    base = {"dataset_id": dataset_id, "formula": "y ~ x1 + x2 | year", "cluster": "firm", "param": "x1", "reps": 99}
+    return {"kind": "crve_bootstrap", "params": {**base, **params}}
+
+
+SPECS: dict[str, Callable[[str], dict[str, object]]] = {
+    "param": lambda dataset_id: _spec(dataset_id),
+    "joint hypothesis": lambda dataset_id: _spec(dataset_id, param=None, hypothesis=["x1 = 0", "x2 = 0"]),
+    "family": lambda dataset_id: _spec(dataset_id, param=None, family=["x1 = 0", "x2 = 0", "x1 - x2 = 0"]),
+    "IV": lambda dataset_id: _spec(dataset_id, formula="y ~ x2 | x1 ~ z", param="x1"),
+}
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_a_submission_validates_its_params_and_parses_the_formula_once(
+    client: TestClient, alice: dict[str, str], dataset_id: str, parses: list[str], name: str
+) -> None:
+    spec = SPECS[name](dataset_id)
+    response = client.post("/v1/jobs", json=spec, headers=alice)
+    assert response.status_code == 202, response.text
+    assert parses == [spec["params"]["formula"]]  # type: ignore[index]
+    # The stored params are the dump of that one model: the formula as the user wrote it, plain JSON text.
+    assert response.json()["params"]["formula"] == spec["params"]["formula"]  # type: ignore[index]
+
+
+def test_a_refused_column_is_found_from_the_one_parse(
+    client: TestClient, alice: dict[str, str], dataset_id: str, parses: list[str]
+) -> None:
+    response = client.post("/v1/jobs", json=_spec(dataset_id, formula="y ~ x1 + x9"), headers=alice)
+    assert response.status_code == 422
+    assert [error["field"] for error in response.json()["errors"]] == ["params.formula"]
+    assert parses == ["y ~ x1 + x9"]
+
+
+def test_a_sweep_validates_each_member_once(
+    client: TestClient, alice: dict[str, str], dataset_id: str, parses: list[str]
+) -> None:
+    body = {"base": _spec(dataset_id), "grid": {"params.seed": [1, 2, 3]}}
+    response = client.post("/v1/job-groups", json=body, headers=alice)
+    assert response.status_code == 202, response.text
+    assert parses == ["y ~ x1 + x2 | year"] * 3

@@ -53,7 +53,7 @@ class Settings(BaseSettings):
         43_200, ge=60, description="Redis redelivery delay (longer than the longest job)"
     )
     queue: str = Field("gpu", description="Celery queue the API sends to and the worker consumes")
-    # issue 19: one job fanned out over the workers of its queue as a Celery chord (worker/fanout.py)
+    # One job fanned out over the workers of its queue as a Celery chord (worker/fanout.py, docs/scaling.md)
     fanout_chunks: int = Field(
         0, ge=0, le=1024,
         description="Chunks a splittable job (crve_montecarlo; sccs_fit's CV or bootstrap; sccs_analyses; a large "

@@ -215,8 +215,8 @@ def _state_reports(
         voe_sequence = [
             myopic.reports[s].value - main.reports[s].value for s in shapes if s in main.reports and s in myopic.reports
         ]
-        # The difference's own grid sequence under-covered on coarse grids (measured: 24 x 12 x 12, issue 13's
-        # case, 26.6 +- 1.4 against a simulated 15.7), so the estimate is at least that of two independent
+        # The difference's own grid sequence under-covered on coarse grids (at 24 x 12 x 12: 26.6 +- 1.4
+        # against a simulated 15.7), so the estimate is at least that of two independent
         # errors, hypot(myopic, optimal).
         voe_error = np.maximum(
             richardson(voe_sequence) + tolerances[0] * main.scale + tolerances[1] * myopic.scale,
@@ -310,8 +310,8 @@ def run_solve(params: DualControlParams, ctx: RunContext) -> DualControlResult:
 # up to rounding, and a relative comparison of two rounding residues would mean nothing. The grid stays at
 # 12^3, where GPU and NumPy results were measured to agree to 7e-12 on every leaf; on a 10^3 grid one
 # improvement step lands on a near-tie of the minimiser and its history entry differs at 4e-6.
-# Since issue 13 the example also runs the quadratic interpolation (the default), the exact-state report and
-# one error grid (6^3): on the H100 every leaf agrees within 2e-10 except the value iteration's stopping
+# The example also runs the quadratic interpolation (the default), the exact-state report and
+# one error grid (6^3): every leaf agrees within 2e-10 except the value iteration's stopping
 # statistic and bounds (history[].criterion, mqp_upper: small differences of large sums, 1.2e-8 and 6.6e-9
 # relative; tests/kernels/test_kinds_examples.py holds them to the sums' scale).
 EXAMPLE_PARAMS = {

@@ -1,4 +1,4 @@
-"""One dual-control solve's Bellman sweeps spread over several GPUs of one host (issue 19).
+"""One dual-control solve's Bellman sweeps spread over several GPUs of one host.
 
 The grid's flat points (C order, x slowest) are cut into contiguous slabs, one per device, at the boundaries of
 the kernels' point bands (bellman.band_points: 16 x planes; sizes differ by at most one band), or at any point

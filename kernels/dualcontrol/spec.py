@@ -90,8 +90,7 @@ class AccelerationSpec(_Section):
         default="anderson",
         description="policy evaluation (inert and myopic solves, and between two improvement steps): plain "
         "sweeps V <- T_u V, or each sweep applied to the Anderson mix of the last anderson_memory sweeps "
-        "(fewer sweeps, the same stopping rule, closer to the fixed point; the default since 2026-11-26, "
-        "sweeps before)",
+        "(fewer sweeps, the same stopping rule, closer to the fixed point)",
     )
     anderson_memory: int = Field(default=8, ge=1, le=32, description="sweeps the Anderson mix draws on")
 
@@ -100,8 +99,8 @@ class MinimizerSpec(_Section):
     scan_points: int = Field(default=8, ge=2, le=128, description="equally spaced restarts across the bracket")
     golden_iterations: int = Field(
         default=16, ge=0, le=200,
-        description="golden-section steps after the scan (16 since 2026-11-26, 28 before: the same distance from "
-        "the fixed point, docs/dualcontrol.md)",
+        description="golden-section steps after the scan (16 end as close to the fixed point as 28; "
+        "docs/dualcontrol.md)",
     )
 
 

@@ -1,4 +1,4 @@
-"""Several outcomes in one set of Cyclops interval tables (issue 15, item 4).
+"""Several outcomes in one set of Cyclops interval tables.
 
 SelfControlledCaseSeries builds one set of eras per outcome: the cases of an outcome are the people with an
 event of it, and every exposure is analysed against each outcome on that outcome's eras. Here the eras of

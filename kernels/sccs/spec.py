@@ -1,4 +1,4 @@
-"""Parameters and results of the ``sccs_fit`` and ``sccs_eras`` job kinds (names as in issue 4; ``docs/sccs.md``)."""
+"""Parameters and results of the ``sccs_fit`` and ``sccs_eras`` job kinds (``docs/sccs.md``)."""
 
 from __future__ import annotations
 

@@ -17,9 +17,9 @@ within 20 of the estimate (and at least to +-20) is open (NaN), as in ``profile.
 
 Every sum adds one analysis's own terms in a fixed order: NumPy's ``bincount`` in index order; on the GPU the
 segment sums of :mod:`kernels.sccs.fixed_sums` (a touched case's nonzeros by one thread; an analysis's cases or
-nonzeros by chunks of fixed size, one block each, then its chunks in order), never atomics, whose order varies
-from run to run and which contend on a common drug's nonzeros. So an analysis's result does not depend on the other analyses of its batch: any split of the analyses
-gives the same bits (``kernels/sccs/analyses_chunks.py``).
+nonzeros by chunks of fixed size, one block each, then its chunks in order), never atomics, whose order varies from
+run to run and which contend on a common drug's nonzeros. So an analysis's result does not depend on the other
+analyses of its batch: any split of the analyses gives the same bits (``kernels/sccs/analyses_chunks.py``).
 """
 
 from __future__ import annotations

@@ -44,11 +44,11 @@ class MissingDatasetError(ValueError):
 
 
 class JobCache:
-    """What one job's runs in this process share: a fanned-out job's chunk reads and builds its tables, and the
-    finish, when the same worker claims it, would build them again, in the job's serial time. One job at a time: entering another
-    job's run drops the values of the last (a worker owns its GPU, so no one else needs that memory meanwhile), and a
-    worker drops them when the job ends. Values must be what a fresh build gives: the runner asks only for inputs it
-    never changes."""
+    """What one job's runs in this process share: a fanned-out job's chunk reads and builds its tables, and the finish,
+    when the same worker claims it, would build them again, in the job's serial time. One job at a time: entering
+    another job's run drops the values of the last (a worker owns its GPU, so no one else needs that memory
+    meanwhile), and a worker drops them when the job ends. Values must be what a fresh build gives: the runner asks
+    only for inputs it never changes."""
 
     def __init__(self) -> None:
         self._job_id: str | None = None

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+from pydantic import BaseModel
 
 from kernels.backend import to_host
 from kernels.context import RunContext
@@ -27,6 +28,8 @@ from kernels.registry import JobKind, KindExample
 
 if TYPE_CHECKING:
     import pandas as pd
+
+Settings = TypeVar("Settings")
 
 INITIAL_DISTRIBUTION = "initial_distribution"  # the params field that names the optional dataset
 ACCURACY_PATH = "accuracy_path"  # the jedc test's optional datasets (docs/ks.md)
@@ -60,17 +63,22 @@ def policy_damping(params: KSSolveParams) -> float:
     return DEFAULT_DAMPING[params.policy_method] if params.policy_damping is None else params.policy_damping
 
 
-def _settings(params: KSSolveParams) -> SolveSettings:
-    return SolveSettings(
-        n_agents=params.n_agents, periods=params.periods, burn_in=params.burn_in, tolerance=params.tolerance,
-        damping=params.damping, max_iterations=params.max_iterations, interpolation=params.interpolation,
-        alm_update=params.alm_update, coarse_agents=params.coarse_agents, panel_gpus=params.gpus,
-        precision=params.precision, seed=params.seed,
-        policy=PolicySettings(params.policy_tolerance, policy_damping(params), params.policy_max_iterations,
-                              method=params.policy_method),
+def settings_from(params: BaseModel, settings: type[Settings], prefix: str = "", **derived: Any) -> Settings:
+    """The dataclass ``settings`` with each field that names a params field (``prefix`` + its name) taken from
+    ``params``; ``derived``: the fields computed from the params rather than copied. The other fields keep their
+    defaults."""
+    names = {item.name for item in fields(settings)} - derived.keys()  # type: ignore[arg-type]
+    copied = {name: getattr(params, prefix + name) for name in names if prefix + name in type(params).model_fields}
+    return settings(**copied, **derived)
+
+
+def solve_settings(params: KSSolveParams) -> SolveSettings:
+    """The kernel's settings: the params' fields of the same name, the policy step's from ``policy_*``."""
+    return settings_from(
+        params, SolveSettings,
+        policy=settings_from(params, PolicySettings, prefix="policy_", damping=policy_damping(params)),
         den_haan_periods=0 if params.accuracy_test == "jedc" else params.den_haan_periods,  # jedc: after the solve
-        initial_alm=tuple(params.initial_alm),  # type: ignore[arg-type]
-        alm_simulation=params.alm_simulation,
+        initial_alm=tuple(params.initial_alm),
     )
 
 
@@ -147,7 +155,7 @@ def run_solve(params: KSSolveParams, ctx: RunContext) -> KSSolveResult:
     grids = _grids(params)
     cal = params.calibration.to_calibration()
     ctx.progress(0.0, "setup")
-    solution = solve(ctx.xp, cal, grids, _settings(params), ctx.timer,
+    solution = solve(ctx.xp, cal, grids, solve_settings(params), ctx.timer,
                      report=ctx.progress, initial_k=initial_k, initial_employed=initial_employed)
     accuracy = None
     if inputs is not None:

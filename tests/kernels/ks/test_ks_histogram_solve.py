@@ -94,7 +94,8 @@ def test_the_histogram_path_agrees_with_a_large_panel_under_the_solution_s_polic
 
 
 def test_the_coarse_panel_stage_is_refused_with_the_histogram() -> None:
-    with pytest.raises(ValueError, match="coarse_agents"):
+    # the params model refuses it at submission (test_ks_job); the kernel asserts it
+    with pytest.raises(AssertionError, match="coarse_agents"):
         solve(np, CAL, GRIDS, SolveSettings(alm_simulation="histogram", coarse_agents=1_000))
 
 

@@ -218,6 +218,7 @@ def test_the_solve_settings_take_every_other_params_field() -> None:
     assert solve_settings(KSSolveParams(accuracy_test="jedc", den_haan_periods=100)).den_haan_periods == 0
 
 
+@pytest.mark.slow
 def test_the_staged_anderson_job_reaches_the_direct_jobs_alm() -> None:
     # the fast path of large panels (coarse stage, then the full panel, Anderson steps) as a job: the fixed point
     # of the same map from another ergodic start panel, so equal to the direct solve's up to sampling noise,
@@ -245,7 +246,7 @@ def test_a_panel_over_several_gpus_on_a_cpu_worker_fails_naming_the_field() -> N
 
 
 def test_progress_follows_convergence_not_only_the_iteration_cap() -> None:
-    # issue 16: KS progress jumped from 0.33 to 1.0 (it counted max_iterations)
+    # progress that counted max_iterations jumped from 0.33 to 1.0
     from kernels.ks.solve import outer_progress
 
     history = [{"change": c} for c in (1e-1, 1e-3, 1e-5)]
@@ -253,6 +254,10 @@ def test_progress_follows_convergence_not_only_the_iteration_cap() -> None:
     assert outer_progress(4, 100, history, 1e-7) == pytest.approx(0.9 * 4 / 6)  # log(1e4) / log(1e6)
     assert outer_progress(99, 100, history[:1], 1e-7) == pytest.approx(0.9 * 0.98)  # the count still moves it
     assert outer_progress(4, 100, [*history, {"change": 1e-9}], 1e-7) == pytest.approx(0.9)
+
+
+@pytest.mark.slow
+def test_a_job_s_progress_follows_its_convergence() -> None:
     params = KSSolveParams.model_validate({**SMALL, "max_iterations": 100, "tolerance": 1e-5})
     progress = LocalProgress()
     run_kind(KS_SOLVE, params, local_context(device="cpu", progress=progress))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from api_helpers import assert_problem, broker_message_count
 from fastapi.testclient import TestClient
 
-from kernels.ks.jobs import EXAMPLE
+from kernels.registry import get_kind
 
 # (params over the kind's example, the field the problem names, what its message says)
 REFUSED = [
@@ -22,7 +22,7 @@ REFUSED = [
 
 
 def _spec(**params: object) -> dict[str, object]:
-    return {"kind": "ks_solve", "params": {**EXAMPLE.params, **params}}
+    return {"kind": "ks_solve", "params": {**get_kind("ks_solve").example.params, **params}}
 
 
 def test_rules_across_fields_are_422s_naming_the_field(client: TestClient, alice, api_env) -> None:

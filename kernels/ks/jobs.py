@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import BaseModel
 
 from kernels.backend import to_host
 from kernels.context import RunContext
@@ -23,13 +22,12 @@ from kernels.ks.spec import (
     KSSolveParams,
     KSSolveResult,
     StateALM,
+    settings_from,
 )
 from kernels.registry import JobKind, KindExample
 
 if TYPE_CHECKING:
     import pandas as pd
-
-Settings = TypeVar("Settings")
 
 INITIAL_DISTRIBUTION = "initial_distribution"  # the params field that names the optional dataset
 ACCURACY_PATH = "accuracy_path"  # the jedc test's optional datasets (docs/ks.md)
@@ -61,15 +59,6 @@ def _grids(params: KSSolveParams) -> Grids:
 def policy_damping(params: KSSolveParams) -> float:
     """The policy step's damping: the one given, else the method's default (0.7 time iteration, 1 EGM)."""
     return DEFAULT_DAMPING[params.policy_method] if params.policy_damping is None else params.policy_damping
-
-
-def settings_from(params: BaseModel, settings: type[Settings], prefix: str = "", **derived: Any) -> Settings:
-    """The dataclass ``settings`` with each field that names a params field (``prefix`` + its name) taken from
-    ``params``; ``derived``: the fields computed from the params rather than copied. The other fields keep their
-    defaults."""
-    names = {item.name for item in fields(settings)} - derived.keys()  # type: ignore[arg-type]
-    copied = {name: getattr(params, prefix + name) for name in names if prefix + name in type(params).model_fields}
-    return settings(**copied, **derived)
 
 
 def solve_settings(params: KSSolveParams) -> SolveSettings:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import fields
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -19,6 +20,17 @@ from kernels.ks.solve import MIN_DEN_HAAN_PERIODS, MIN_REGRESSION_PERIODS
 from kernels.spec import JobParams, ResultModel, ResultPart
 
 DEFAULT_SEED = 19_980_101
+
+Settings = TypeVar("Settings")
+
+
+def settings_from(params: BaseModel, settings: type[Settings], prefix: str = "", **derived: Any) -> Settings:
+    """The dataclass ``settings`` with each field that names a params field (``prefix`` + its name) taken from
+    ``params``; ``derived``: the fields computed from the params rather than copied. The other fields keep their
+    defaults."""
+    names = {item.name for item in fields(settings)} - derived.keys()  # type: ignore[arg-type]
+    copied = {name: getattr(params, prefix + name) for name in names if prefix + name in type(params).model_fields}
+    return settings(**copied, **derived)
 
 
 class _Part(BaseModel):
@@ -83,8 +95,7 @@ class CalibrationSpec(_Part):
         return data
 
     def to_calibration(self) -> Calibration:
-        return Calibration(self.beta, self.gamma, self.alpha, self.delta, self.l_bar, self.mu, self.delta_a,
-                           self.u_bad, self.u_good, tuple(tuple(row) for row in self.transition))
+        return settings_from(self, Calibration, transition=tuple(tuple(row) for row in self.transition))
 
     @model_validator(mode="after")
     def _consistent(self) -> CalibrationSpec:

@@ -265,3 +265,15 @@ def test_a_job_s_progress_follows_its_convergence() -> None:
     assert fractions == sorted(fractions)
     last_outer = max(f for f, stage in progress.reports if stage and stage.startswith("iteration"))
     assert last_outer > 0.3  # converged in a few of 100 iterations: the bar got well past 3 %
+
+
+def test_the_calibration_takes_every_field_of_its_spec() -> None:
+    from dataclasses import asdict
+
+    from kernels.ks.spec import CalibrationSpec
+
+    spec = CalibrationSpec.model_validate({"preset": "ks1998", "beta": 0.98})
+    expected = {**spec.model_dump(exclude={"preset"}), "transition": tuple(tuple(row) for row in spec.transition)}
+    cal = spec.to_calibration()
+    assert {name: getattr(cal, name) for name in asdict(cal)} == expected
+    assert (cal.beta, cal.mu, cal.l_bar) == (0.98, 0.0, 0.3271)

@@ -141,7 +141,6 @@ def test_the_coarse_panel_stage_is_refused_with_the_histogram() -> None:
         solve(np, CAL, GRIDS, SolveSettings(alm_simulation="histogram", coarse_agents=1_000))
 
 
-@pytest.mark.slow
 def test_a_job_fitted_on_the_histogram_labels_its_test() -> None:
     params = {"periods": 200, "burn_in": 50, "max_iterations": 2, "interpolation": "cubic",
               "alm_simulation": "histogram", "policy_tolerance": 1e-4, "den_haan_periods": 100, "seed": 1}

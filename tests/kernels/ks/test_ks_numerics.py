@@ -398,7 +398,6 @@ def test_solve_refuses_a_den_haan_test_shorter_than_ten_periods_before_solving(
     assert calls == []  # refused up front, not after the outer loop
 
 
-@pytest.mark.slow
 def test_small_solve_is_self_consistent_near_the_reference() -> None:
     # Warm start at the reference ALM (a cold start from ln K' = ln K takes ~35 outer iterations and minutes
     # on NumPy: bench/ks_bench.py runs it). A smaller panel on other shocks moves the fixed point by its

@@ -23,6 +23,7 @@ from kernels.ks.spec import (
     KSSolveParams,
     KSSolveResult,
     StateALM,
+    settings_from,
 )
 from kernels.ks.work import solve_work
 from kernels.registry import JobKind, KindExample
@@ -62,17 +63,13 @@ def policy_damping(params: KSSolveParams) -> float:
     return DEFAULT_DAMPING[params.policy_method] if params.policy_damping is None else params.policy_damping
 
 
-def _settings(params: KSSolveParams) -> SolveSettings:
-    return SolveSettings(
-        n_agents=params.n_agents, periods=params.periods, burn_in=params.burn_in, tolerance=params.tolerance,
-        damping=params.damping, max_iterations=params.max_iterations, interpolation=params.interpolation,
-        alm_update=params.alm_update, coarse_agents=params.coarse_agents, panel_gpus=params.gpus,
-        precision=params.precision, seed=params.seed,
-        policy=PolicySettings(params.policy_tolerance, policy_damping(params), params.policy_max_iterations,
-                              method=params.policy_method),
+def solve_settings(params: KSSolveParams) -> SolveSettings:
+    """The kernel's settings: the params' fields of the same name, the policy step's from ``policy_*``."""
+    return settings_from(
+        params, SolveSettings,
+        policy=settings_from(params, PolicySettings, prefix="policy_", damping=policy_damping(params)),
         den_haan_periods=0 if params.accuracy_test == "jedc" else params.den_haan_periods,  # jedc: after the solve
-        initial_alm=tuple(params.initial_alm),  # type: ignore[arg-type]
-        alm_simulation=params.alm_simulation,
+        initial_alm=tuple(params.initial_alm),
     )
 
 
@@ -149,7 +146,7 @@ def run_solve(params: KSSolveParams, ctx: RunContext) -> KSSolveResult:
     grids = _grids(params)
     cal = params.calibration.to_calibration()
     ctx.progress(0.0, "setup")
-    solution = solve(ctx.xp, cal, grids, _settings(params), ctx.timer,
+    solution = solve(ctx.xp, cal, grids, solve_settings(params), ctx.timer,
                      report=ctx.progress, initial_k=initial_k, initial_employed=initial_employed)
     accuracy = None
     if inputs is not None:

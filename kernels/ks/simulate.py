@@ -274,8 +274,11 @@ class _Slice:
     ticket: Any
 
 
+MIN_AGENTS_PER_GPU = 1_000  # the fewest agents a slice of a multi-GPU panel holds (params ``gpus``)
+
+
 class MultiGpuPanel:
-    """One panel spread over several GPUs of the host (issue 19): the agents in contiguous slices, one per
+    """One panel spread over several GPUs of the host: the agents in contiguous slices, one per
     device, each moved by ``ks_panel_slice_step`` (the single-device kernel's agent loop and block sums) with
     the single-device panel's Philox counters, so every agent draws the same numbers whatever the split. Per
     period the host launches every slice, reads each slice's sum (8 bytes per device) and adds them in device
@@ -294,8 +297,7 @@ class MultiGpuPanel:
         available = xp.cuda.runtime.getDeviceCount()
         if max(devices) >= available or min(devices) < 0:
             raise ValueError(f"the panel asks for GPUs {list(devices)} but this worker sees {available}")
-        if n_agents < 1_000 * len(devices):
-            raise ValueError(f"{n_agents:,} agents are too few to spread over {len(devices)} GPUs")
+        assert n_agents >= MIN_AGENTS_PER_GPU * len(devices), f"{n_agents:,} agents over {len(devices)} GPUs"
         self.xp, self.grids, self.dtype = xp, grids, np.dtype(dtype)
         self.n, self.periods, self.checkpoint_every = int(n_agents), len(a_path) - 1, checkpoint_every
         self.shared_bytes = 3 * grids.k_size * self.dtype.itemsize

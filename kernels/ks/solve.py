@@ -25,7 +25,7 @@ from kernels.ks import alm as alm_mod
 from kernels.ks.grids import Grids
 from kernels.ks.inputs import AccuracyInputs
 from kernels.ks.interp import Method
-from kernels.ks.model import Calibration, validate_calibration
+from kernels.ks.model import Calibration
 from kernels.ks.policy import EulerProblem, PolicySettings, initial_policy, solve_policy
 from kernels.ks.simulate import (
     STREAM_IDIOSYNCRATIC,
@@ -33,6 +33,7 @@ from kernels.ks.simulate import (
     STREAM_TEST_IDIOSYNCRATIC,
     CudaPanel,
     MultiGpuPanel,
+    PanelResult,
     aggregate_path,
     initial_employment,
     simulate_panel,
@@ -55,7 +56,7 @@ class SolveSettings:
     den_haan_periods: int | None = None  # None: as many as ``periods``; 0 skips the test; else >= 10
     initial_alm: tuple[float, float, float, float] = (0.0, 1.0, 0.0, 1.0)  # MMV / Algorithm A.1 start
     panel_graph: bool = True  # GPU: replay the panel's period loop as captured CUDA graphs (same bits)
-    panel_gpus: int = 1  # > 1: the full panel spread over GPUs 0 .. panel_gpus - 1 of the host (MultiGpuPanel)
+    gpus: int = 1  # > 1: the full panel spread over GPUs 0 .. gpus - 1 of the host (MultiGpuPanel)
     alm_update: str = "damped"  # "damped": B <- damping B_new + (1 - damping) B; "anderson": see AndersonUpdate
     # > 0 and < n_agents: first solve on a panel of this many agents (to tolerance coarse_tolerance), then start
     # the full panel from its ALM, policy and final distribution (tiled); the full panel's first final
@@ -100,14 +101,17 @@ class Solution:
 Reporter = Callable[[float, str], None]
 
 MIN_DEN_HAAN_PERIODS = 10  # shortest accuracy-test path: 0 skips the test, 1 .. 9 are refused
+# Shortest panel after burn_in: the regression of each aggregate state needs three periods (its standard error
+# divides by n - 2), and a path of a few periods may not visit both states.
+MIN_REGRESSION_PERIODS = 10
+ALM_SIMULATIONS = ("panel", "histogram")
 
 
 def den_haan_test_periods(settings: SolveSettings) -> int:
-    """Length of the Den Haan test path (0: no test); ValueError for 1 .. MIN_DEN_HAAN_PERIODS - 1."""
+    """Length of the Den Haan test path (0: no test)."""
     periods = settings.periods if settings.den_haan_periods is None else settings.den_haan_periods
-    if 0 < periods < MIN_DEN_HAAN_PERIODS:
-        raise ValueError(f"den_haan_periods must be 0 (skip the accuracy test) or at least {MIN_DEN_HAAN_PERIODS}, "
-                         f"not {periods}")
+    assert not 0 < periods < MIN_DEN_HAAN_PERIODS, (
+        f"den_haan_periods must be 0 (skip the accuracy test) or at least {MIN_DEN_HAAN_PERIODS}, not {periods}")
     return periods
 
 
@@ -303,12 +307,9 @@ def alm_updater(settings: SolveSettings, near: bool = False,
     if settings.alm_update == "anderson":
         return AndersonUpdate(settings.damping, first_step=settings.coarse_first_step if near else None)
     if settings.alm_update == "newton":
-        if jacobian is None:
-            raise ValueError("alm_update 'newton' takes its Jacobian from the coarse stage: set coarse_agents "
-                             "(> 0 and < n_agents)")
+        assert jacobian is not None, "alm_update 'newton' takes its Jacobian from the coarse stage"
         return NewtonUpdate(jacobian, settings.damping)
-    if settings.alm_update != "damped":
-        raise ValueError(f"alm_update must be one of {', '.join(ALM_UPDATES)}, not {settings.alm_update!r}")
+    assert settings.alm_update == "damped", f"alm_update {settings.alm_update!r}"
     return DampedUpdate(settings.damping)
 
 
@@ -415,6 +416,353 @@ def initial_panel(xp: ModuleType, cal: Calibration, settings: SolveSettings,
     return k, employed
 
 
+def check_settings(xp: ModuleType, settings: SolveSettings) -> int:
+    """The Den Haan test's length (0: no test), after the solve's preconditions. ``KSSolveParams`` enforces each
+    of them for a job (a failed assert is a caller's error); the one raised depends on the worker, not on the
+    settings: a panel over several GPUs needs a GPU."""
+    assert settings.burn_in + MIN_REGRESSION_PERIODS <= settings.periods, (
+        f"burn_in must leave at least {MIN_REGRESSION_PERIODS} periods of the panel for the ALM regression")
+    test_periods = den_haan_test_periods(settings)
+    assert settings.alm_simulation in ALM_SIMULATIONS, f"alm_simulation {settings.alm_simulation!r}"
+    histogram = settings.alm_simulation == "histogram"
+    assert not (histogram and settings.coarse_agents), "coarse_agents stages the panel: not with a histogram"
+    assert settings.alm_update in ALM_UPDATES, (
+        f"alm_update must be one of {', '.join(ALM_UPDATES)}, not {settings.alm_update!r}")
+    assert not (histogram and settings.gpus > 1), "gpus > 1 spreads a panel: not with a histogram"
+    if settings.gpus > 1 and is_numpy(xp):
+        raise ValueError(f"gpus = {settings.gpus} spreads the panel over GPUs: it needs a GPU worker and "
+                         "alm_simulation 'panel'")
+    assert settings.alm_update != "newton" or is_staged(settings), (
+        "alm_update 'newton' takes its Jacobian from the coarse stage: set coarse_agents")
+    return test_periods
+
+
+def is_staged(settings: SolveSettings) -> bool:
+    """Whether a coarse panel is solved first (``coarse_agents``)."""
+    return 0 < settings.coarse_agents < settings.n_agents
+
+
+@dataclass(frozen=True)
+class SolveRun:
+    """What every stage of one solve reads: the economy, the settings, the backend and where timings and
+    progress go. ``on_device``: the policy step and the panel run as CUDA kernels."""
+
+    xp: ModuleType
+    cal: Calibration
+    grids: Grids
+    settings: SolveSettings
+    timer: StageTimer
+    report: Reporter
+    on_device: bool
+
+    @property
+    def histogram(self) -> bool:
+        return self.settings.alm_simulation == "histogram"
+
+
+@dataclass
+class Simulation:
+    """The outer loop's fixed parts: the policy problem, the aggregate path, the histogram's nodes (histogram
+    mode) and the panel engine (on the device: one configuration, its buffers and captured loop reused by every
+    iteration)."""
+
+    problem: EulerProblem
+    a_path: np.ndarray
+    k_nodes: np.ndarray | None
+    engine: CudaPanel | MultiGpuPanel | None
+
+
+@dataclass
+class OuterState:
+    """What the outer loop carries from one iteration to the next."""
+
+    alm: np.ndarray  # B, the ALM the next policy step solves for
+    policy: Any
+    update: DampedUpdate | AndersonUpdate | NewtonUpdate
+    k_start: Any = None  # the start panel (panel mode)
+    e_start: Any = None
+    hist_start: np.ndarray | None = None  # the start distribution (histogram mode)
+    start_fixed: bool = False  # from here on every iteration evaluates one map
+    policy_iterations: list[int] = field(default_factory=list)
+    history: list[dict[str, float]] = field(default_factory=list)
+    iteration: int = 0
+    change: float = float("inf")
+    converged: bool = False
+    regressions: tuple[alm_mod.StateRegression, alm_mod.StateRegression] | None = None
+    capital_path: np.ndarray = field(default_factory=lambda: np.empty(0))
+    panel: PanelResult | None = None  # the last simulation's panel ...
+    hist: accuracy.HistogramPath | None = None  # ... or histogram
+    last_alm: np.ndarray | None = None  # the last regression's B_new
+    last_point: np.ndarray | None = None  # the B it was simulated at
+
+
+def solve_coarse(run: SolveRun, initial_k: np.ndarray | None, initial_employed: np.ndarray | None,
+                 use_kernels: bool | None) -> Solution | None:
+    """The same solve on a small panel (None unless staged): it finds the ALM and an ergodic distribution
+    cheaply, so the full panel only refines the ALM (its start held fixed, so every full iteration evaluates one
+    map). For "newton" the coarse stage runs Anderson and then estimates the map's Jacobian on its panel (coarse
+    simulations cost N_coarse / N of a full one); the full panel takes quasi-Newton steps with it."""
+    settings = run.settings
+    if not is_staged(settings):
+        return None
+    newton = settings.alm_update == "newton"
+    coarse_settings = replace(settings, n_agents=settings.coarse_agents, coarse_agents=0, gpus=1,
+                              tolerance=max(settings.coarse_tolerance, settings.tolerance), den_haan_periods=0,
+                              alm_update="anderson" if newton else settings.alm_update)
+    return solve(run.xp, run.cal, run.grids, coarse_settings, run.timer, run.report, initial_k, initial_employed,
+                 use_kernels, estimate_jacobian=newton)
+
+
+def panel_engine(run: SolveRun, dtype: Any, a_path: np.ndarray) -> CudaPanel | MultiGpuPanel | None:
+    """The device's panel engine (None for NumPy and the histogram): the outer loop simulates the same
+    configuration (N, shock path, seed) every iteration, the new policy and start panel copied in place."""
+    settings = run.settings
+    if not run.on_device or run.histogram:
+        return None
+    if settings.gpus > 1:
+        return MultiGpuPanel(run.xp, run.cal, run.grids, settings.interpolation, dtype, settings.n_agents, a_path,
+                             settings.seed, STREAM_IDIOSYNCRATIC, tuple(range(settings.gpus)))
+    return CudaPanel(run.xp, run.cal, run.grids, settings.interpolation, dtype, settings.n_agents, a_path,
+                     settings.seed, STREAM_IDIOSYNCRATIC, use_graph=settings.panel_graph)
+
+
+def set_up(run: SolveRun, coarse: Solution | None, initial_k: np.ndarray | None,
+           initial_employed: np.ndarray | None) -> tuple[Simulation, OuterState]:
+    """The loop's fixed parts and its first state: the start policy, panel or histogram and ALM (the coarse
+    stage's where there is one)."""
+    settings, grids = run.settings, run.grids
+    with run.timer.stage("setup"):
+        problem = EulerProblem(run.xp, run.cal, grids, settings.interpolation)
+        policy = initial_policy(run.xp, grids) if coarse is None else coarse.policy
+        a_path = aggregate_path(run.cal, settings.seed, settings.periods + 1)
+        k_nodes = hist_start = k_start = e_start = None
+        if run.histogram:  # no panel: the cross-section is a histogram on k_nodes, moved on the host
+            k_nodes = np.linspace(grids.k_min, histogram_top(grids), settings.histogram_nodes)
+            hist_start = initial_histogram(k_nodes, run.cal.steady_state_capital, initial_k, initial_employed)
+        elif coarse is None:
+            k_start, e_start = initial_panel(run.xp, run.cal, settings, initial_k, initial_employed, int(a_path[0]))
+        else:
+            reps = -(-settings.n_agents // settings.coarse_agents)
+            k_start = run.xp.tile(coarse.final_k, reps)[: settings.n_agents].copy()
+            e_start = run.xp.tile(coarse.final_employed, reps)[: settings.n_agents].copy()
+        engine = None if k_start is None else panel_engine(run, k_start.dtype, a_path)
+    alm = np.array(settings.initial_alm if coarse is None else coarse.alm, dtype=np.float64)
+    update = alm_updater(settings, near=coarse is not None, jacobian=None if coarse is None else coarse.alm_jacobian)
+    state = OuterState(alm, policy, update, k_start, e_start, hist_start, start_fixed=coarse is not None,
+                       policy_iterations=[] if coarse is None else list(coarse.policy_iterations),
+                       history=[] if coarse is None else list(coarse.history))
+    return Simulation(problem, a_path, k_nodes, engine), state
+
+
+def policy_step(run: SolveRun, simulation: Simulation, state: OuterState, fraction: float) -> int:
+    """Solve the policy for the current ALM (from the last policy); its Euler iterations."""
+    iteration = state.iteration
+
+    def checkpoint(step: int) -> None:
+        run.report(fraction, f"iteration {iteration}: policy step {step}")
+
+    with run.timer.stage("policy"):
+        solved = solve_policy(run.xp, simulation.problem, state.alm, state.policy, run.settings.policy,
+                              use_kernel=run.on_device, checkpoint=checkpoint)
+    state.policy = solved.policy
+    state.policy_iterations.append(solved.iterations)
+    if not solved.converged:
+        raise ValueError(policy_failure_message(run.settings.policy, solved.max_change, iteration))
+    return solved.iterations
+
+
+def simulation_step(run: SolveRun, simulation: Simulation, state: OuterState, fraction: float) -> None:
+    """Simulate the panel (or the histogram) under the current policy from the start; K's path in the state."""
+    settings, iteration = run.settings, state.iteration
+
+    def checkpoint(t: int) -> None:
+        run.report(fraction, f"iteration {iteration}: panel period {t}/{settings.periods}")
+
+    with run.timer.stage("histogram" if run.histogram else "panel"):
+        if run.histogram:
+            state.hist = simulate_histogram(run.cal, run.grids, settings, state.policy, simulation.k_nodes,
+                                            state.hist_start, simulation.a_path)
+            state.capital_path = state.hist.capital
+            return
+        if simulation.engine is not None:
+            state.panel = simulation.engine.simulate(state.policy, state.k_start, state.e_start, checkpoint)
+        else:
+            state.panel = simulate_panel(run.xp, run.cal, run.grids, settings.interpolation, state.policy,
+                                         state.k_start, state.e_start, simulation.a_path, settings.seed,
+                                         STREAM_IDIOSYNCRATIC, checkpoint, use_kernel=False)
+        state.capital_path = state.panel.capital_path
+
+
+def regression_step(run: SolveRun, simulation: Simulation, state: OuterState) -> np.ndarray:
+    """B_new, the regression of the simulated K (refused when K sat on the grid's edge in every period after
+    burn_in, or when a state's regression fits exactly); its distance to B is ``state.change``."""
+    settings = run.settings
+    edge = capital_grid_problem(state.capital_path, run.grids, settings.burn_in, run.cal)
+    if edge is not None and edge.every_period:  # nothing left to regress on: no later iteration can help
+        if state.iteration == 1:
+            raise ValueError(edge.message)
+        raise ValueError(f"at outer iteration {state.iteration} (ALM {np.round(state.alm, 6).tolist()}): "
+                         f"{edge.message}; or, if the first iterations stayed inside the grid, lower damping (now "
+                         f"{settings.damping:g}) so that the ALM update does not overshoot")
+    state.regressions = alm_mod.regress_alm(state.capital_path, simulation.a_path, settings.burn_in)
+    degenerate = degenerate_regression_message(state.regressions)
+    if degenerate is not None:
+        raise ValueError(degenerate)
+    alm_new = alm_mod.coefficients(*state.regressions)
+    state.change = float(np.linalg.norm(alm_new - state.alm))
+    return alm_new
+
+
+def record_iteration(run: SolveRun, state: OuterState, alm_new: np.ndarray, policy_iterations: int,
+                     started: float) -> None:
+    state.history.append({"iteration": state.iteration, "n_agents": run.settings.n_agents, "change": state.change,
+                          "seconds": time.perf_counter() - started, "policy_iterations": policy_iterations,
+                          **{f"b{i}": float(v) for i, v in enumerate(alm_new)}})
+    state.last_alm, state.last_point = alm_new, state.alm.copy()
+
+
+def advance(run: SolveRun, state: OuterState, alm_new: np.ndarray, staged: bool,
+            jacobian: np.ndarray | None) -> None:
+    """The next B and start: while ||B_new - B|| > 100 tolerance the next simulation starts from this one's
+    final panel (or distribution); then the start is fixed and the update's history restarts (one map)."""
+    settings = run.settings
+    if staged and state.iteration == 1:
+        # the tiled coarse panel carries the coarse sample's error in its mean: start the full panel from its
+        # own first final distribution (then fixed), the coarse stage having made it ergodic; the map changed,
+        # so a fresh update (its first step takes first_step of B_new)
+        assert state.panel is not None
+        state.k_start, state.e_start = state.panel.k, state.panel.employed
+        state.alm = state.update(state.alm, alm_new)
+        state.update = alm_updater(settings, near=True, jacobian=jacobian)
+        return
+    if state.change > 100.0 * settings.tolerance and not state.start_fixed:
+        if state.hist is not None:
+            state.hist_start = state.hist.distribution
+        else:
+            assert state.panel is not None
+            state.k_start, state.e_start = state.panel.k, state.panel.employed
+    elif not state.start_fixed:  # from here on every iteration evaluates one map: a fresh history for it
+        state.start_fixed = True
+        state.update.restart()
+    state.alm = state.update(state.alm, alm_new)
+
+
+def has_converged(run: SolveRun, state: OuterState) -> bool:
+    return state.change < run.settings.tolerance
+
+
+def outer_loop(run: SolveRun, simulation: Simulation, state: OuterState, coarse: Solution | None) -> None:
+    """Policy, simulation, regression and update until ||B_new - B|| < tolerance or max_iterations."""
+    settings = run.settings
+    jacobian = None if coarse is None else coarse.alm_jacobian
+    started = time.perf_counter()
+    shown = 0.0  # the progress bar never goes back
+    for iteration in range(1, settings.max_iterations + 1):
+        state.iteration = iteration
+        shown = fraction = max(shown, outer_progress(iteration, settings.max_iterations, state.history,
+                                                     settings.tolerance))
+        run.report(fraction, f"iteration {iteration}: policy")
+        policy_iterations = policy_step(run, simulation, state, fraction)
+        run.report(fraction, f"iteration {iteration}: panel")
+        simulation_step(run, simulation, state, fraction)
+        with run.timer.stage("regression"):
+            alm_new = regression_step(run, simulation, state)
+            record_iteration(run, state, alm_new, policy_iterations, started)
+            advance(run, state, alm_new, coarse is not None, jacobian)
+        if has_converged(run, state):
+            state.converged = True
+            return
+
+
+def final_jacobian(run: SolveRun, simulation: Simulation, state: OuterState) -> np.ndarray:
+    """dF/dB of the final (fixed-start) map at the last evaluated ALM, by finite differences (4 more policy
+    solves and simulations)."""
+    settings = run.settings
+
+    def evaluate_map(point: np.ndarray) -> np.ndarray:
+        """F(point): the policy for ``point`` (warm from the last one), the panel from the fixed start, the
+        regression."""
+        solved = solve_policy(run.xp, simulation.problem, point, state.policy, settings.policy,
+                              use_kernel=run.on_device)
+        if not solved.converged:
+            raise ValueError(policy_failure_message(settings.policy, solved.max_change, state.iteration))
+        if simulation.engine is not None:
+            path = simulation.engine.simulate(solved.policy, state.k_start, state.e_start).capital_path
+        else:
+            path = simulate_panel(run.xp, run.cal, run.grids, settings.interpolation, solved.policy, state.k_start,
+                                  state.e_start, simulation.a_path, settings.seed, STREAM_IDIOSYNCRATIC,
+                                  use_kernel=False).capital_path
+        return alm_mod.coefficients(*alm_mod.regress_alm(path, simulation.a_path, settings.burn_in))
+
+    assert state.last_point is not None and state.last_alm is not None
+    run.report(0.9, "ALM Jacobian")
+    with run.timer.stage("jacobian"):
+        return alm_jacobian(evaluate_map, state.last_point, state.last_alm,
+                            jacobian_directions(state.capital_path, settings.burn_in))
+
+
+def check_final_simulation(run: SolveRun, state: OuterState) -> None:
+    """ValueError when the final simulation's K was clipped at the K grid's edge: the ALM would describe the
+    grid's edge."""
+    edge = capital_grid_problem(state.capital_path, run.grids, run.settings.burn_in, run.cal)
+    if edge is not None:
+        raise ValueError(edge.message)
+
+
+def solution_warnings(run: SolveRun, simulation: Simulation, state: OuterState) -> list[str]:
+    """What a user must know about the returned solution; ValueError where it is none (a converged histogram
+    cut off at its top node)."""
+    warnings = [] if state.converged else [outer_loop_warning(run.settings, state.change)]
+    top_problem = None if state.hist is None else histogram_top_problem(state.hist.distribution, simulation.k_nodes)
+    if top_problem is not None:  # a fixed point with a cut-off distribution is no solution; a stop on the way is
+        if state.converged:      # already flagged as not converged, and says why its K may be off
+            raise ValueError(top_problem)
+        warnings.append(top_problem)
+    return warnings
+
+
+def make_solution(simulation: Simulation, state: OuterState, coarse: Solution | None,
+                  jacobian: np.ndarray | None, warnings: list[str]) -> Solution:
+    assert state.regressions is not None and state.last_alm is not None
+    engine, panel, hist = simulation.engine, state.panel, state.hist
+    return Solution(state.last_alm, state.regressions, state.iteration, state.converged, state.change, state.policy,
+                    state.capital_path, simulation.a_path, state.policy_iterations, history=state.history,
+                    panel_graph=isinstance(engine, CudaPanel) and engine.graph_used, warnings=warnings,
+                    final_k=None if panel is None else panel.k,
+                    final_employed=None if panel is None else panel.employed,
+                    final_distribution=None if hist is None else hist.distribution,
+                    coarse_iterations=0 if coarse is None else coarse.iterations,
+                    alm_jacobian=jacobian,
+                    jacobian_simulations=4 if jacobian is not None else
+                    0 if coarse is None else coarse.jacobian_simulations)
+
+
+def den_haan_test(run: SolveRun, simulation: Simulation, state: OuterState, solution: Solution,
+                  test_periods: int) -> None:
+    """Den Haan's accuracy test of the solution's ALM on a fresh path of ``test_periods`` periods, into
+    ``solution``. The path starts in the aggregate state that drew the panel's final employment states."""
+    settings = run.settings
+    run.report(0.95, "Den Haan accuracy test")
+    with run.timer.stage("den_haan_test"):
+        test_a = aggregate_path(run.cal, settings.seed, test_periods + 1, STREAM_TEST_AGGREGATE,
+                                int(simulation.a_path[-1]))
+        if state.hist is not None:  # the same simulation as the solve's: the histogram, from its final distribution
+            test_capital = simulate_histogram(run.cal, run.grids, settings, state.policy, simulation.k_nodes,
+                                              state.hist.distribution, test_a).capital
+        else:  # one simulation only: the plain per-period loop (capturing would cost what it saves)
+            assert state.panel is not None
+            test_capital = simulate_panel(run.xp, run.cal, run.grids, settings.interpolation, state.policy,
+                                          state.panel.k, state.panel.employed, test_a, settings.seed,
+                                          STREAM_TEST_IDIOSYNCRATIC, use_kernel=run.on_device).capital_path
+        max_gap, mean_gap, implied = alm_mod.den_haan_errors(test_capital, test_a, solution.alm)
+    solution.den_haan_max, solution.den_haan_mean = max_gap, mean_gap
+    solution.den_haan_panel, solution.den_haan_alm, solution.den_haan_a = test_capital, implied, test_a[:-1]
+
+
+def _no_report(fraction: float, stage: str) -> None:
+    pass
+
+
 def solve(
     xp: ModuleType,
     cal: Calibration,
@@ -429,196 +777,16 @@ def solve(
 ) -> Solution:
     """The KS solve; ``estimate_jacobian``: also estimate dF/dB of the final (fixed-start) map by finite
     differences (:func:`alm_jacobian`, 4 more policy solves and simulations), for the "newton" update's full panel."""
-    validate_calibration(cal)
-    timer = timer or StageTimer(xp)
-    report = report or (lambda fraction, stage: None)
-    if settings.burn_in + 3 >= settings.periods:
-        raise ValueError("burn_in must leave at least a few periods of the panel for the ALM regression")
-    test_periods = den_haan_test_periods(settings)  # checked before the solve, not after it
     on_device = not is_numpy(xp) if use_kernels is None else use_kernels
-    histogram = settings.alm_simulation == "histogram"
-    if settings.alm_simulation not in ("panel", "histogram"):
-        raise ValueError(f"alm_simulation must be 'panel' or 'histogram', not {settings.alm_simulation!r}")
-    if histogram and settings.coarse_agents:
-        raise ValueError("coarse_agents stages the panel: it has no meaning with alm_simulation 'histogram'")
-    if settings.alm_update not in ALM_UPDATES:
-        raise ValueError(f"alm_update must be one of {', '.join(ALM_UPDATES)}, not {settings.alm_update!r}")
-    if settings.panel_gpus > 1 and (histogram or is_numpy(xp)):
-        raise ValueError(f"gpus = {settings.panel_gpus} spreads the panel over GPUs: it needs a GPU worker and "
-                         "alm_simulation 'panel'")
-    newton = settings.alm_update == "newton"
-    if newton and not 0 < settings.coarse_agents < settings.n_agents:
-        alm_updater(settings)  # raises: Newton's Jacobian comes from the coarse stage
-    coarse = None
-    if 0 < settings.coarse_agents < settings.n_agents:
-        # the same solve on a small panel finds the ALM and an ergodic distribution cheaply; the full panel then
-        # only refines the ALM (its start held fixed, so every full iteration evaluates one map). For "newton" the
-        # coarse stage runs Anderson and then estimates the map's Jacobian on its panel (coarse simulations cost
-        # N_coarse / N of a full one); the full panel takes quasi-Newton steps with it
-        coarse = solve(xp, cal, grids, replace(settings, n_agents=settings.coarse_agents, coarse_agents=0, panel_gpus=1,
-                                                tolerance=max(settings.coarse_tolerance, settings.tolerance),
-                                                den_haan_periods=0, alm_update="anderson" if newton
-                                                else settings.alm_update),
-                       timer, report, initial_k, initial_employed, use_kernels, estimate_jacobian=newton)
-    with timer.stage("setup"):
-        problem = EulerProblem(xp, cal, grids, settings.interpolation)
-        policy = initial_policy(xp, grids) if coarse is None else coarse.policy
-        a_path = aggregate_path(cal, settings.seed, settings.periods + 1)
-        k_nodes = hist_start = None
-        if histogram:  # no panel: the cross-section is a histogram on k_nodes, moved on the host
-            k_nodes = np.linspace(grids.k_min, histogram_top(grids), settings.histogram_nodes)
-            hist_start = initial_histogram(k_nodes, cal.steady_state_capital, initial_k, initial_employed)
-        elif coarse is None:
-            k_start, e_start = initial_panel(xp, cal, settings, initial_k, initial_employed, int(a_path[0]))
-        else:
-            reps = -(-settings.n_agents // settings.coarse_agents)
-            k_start = xp.tile(coarse.final_k, reps)[: settings.n_agents].copy()
-            e_start = xp.tile(coarse.final_employed, reps)[: settings.n_agents].copy()
-        # the outer loop simulates the same configuration (N, shock path, seed) every iteration: one engine,
-        # its buffers and captured loop reused, the new policy and start panel copied in place
-        engine: CudaPanel | MultiGpuPanel | None = None
-        if on_device and not histogram and settings.panel_gpus > 1:
-            engine = MultiGpuPanel(xp, cal, grids, settings.interpolation, k_start.dtype, settings.n_agents, a_path,
-                                   settings.seed, STREAM_IDIOSYNCRATIC, tuple(range(settings.panel_gpus)))
-        elif on_device and not histogram:
-            engine = CudaPanel(xp, cal, grids, settings.interpolation, k_start.dtype, settings.n_agents, a_path,
-                               settings.seed, STREAM_IDIOSYNCRATIC, use_graph=settings.panel_graph)
-    alm = np.array(settings.initial_alm if coarse is None else coarse.alm, dtype=np.float64)
-    jacobian = None if coarse is None else coarse.alm_jacobian
-    update = alm_updater(settings, near=coarse is not None, jacobian=jacobian)
-    start_fixed = coarse is not None
-    policy_iterations: list[int] = [] if coarse is None else list(coarse.policy_iterations)
-    history: list[dict[str, float]] = [] if coarse is None else list(coarse.history)
-    converged = False
-    change = float("inf")
-    iteration = 0
-    regressions = None
-    capital_path = np.empty(0)
-    panel = hist = None
-    started = time.perf_counter()
-    shown = 0.0  # the progress bar never goes back
-    for iteration in range(1, settings.max_iterations + 1):
-        shown = fraction = max(shown, outer_progress(iteration, settings.max_iterations, history,
-                                                     settings.tolerance))
-        report(fraction, f"iteration {iteration}: policy")
-        def policy_checkpoint(step: int, fraction: float = fraction, iteration: int = iteration) -> None:
-            report(fraction, f"iteration {iteration}: policy step {step}")
-
-        with timer.stage("policy"):
-            solved = solve_policy(xp, problem, alm, policy, settings.policy, use_kernel=on_device,
-                                  checkpoint=policy_checkpoint)
-        policy = solved.policy
-        policy_iterations.append(solved.iterations)
-        if not solved.converged:
-            raise ValueError(policy_failure_message(settings.policy, solved.max_change, iteration))
-        report(fraction, f"iteration {iteration}: panel")
-
-        def checkpoint(t: int, fraction: float = fraction, iteration: int = iteration) -> None:
-            report(fraction, f"iteration {iteration}: panel period {t}/{settings.periods}")
-
-        with timer.stage("histogram" if histogram else "panel"):
-            if histogram:
-                hist = simulate_histogram(cal, grids, settings, policy, k_nodes, hist_start, a_path)
-                capital_path = hist.capital
-            elif engine is not None:
-                panel = engine.simulate(policy, k_start, e_start, checkpoint)
-                capital_path = panel.capital_path
-            else:
-                panel = simulate_panel(xp, cal, grids, settings.interpolation, policy, k_start, e_start, a_path,
-                                       settings.seed, STREAM_IDIOSYNCRATIC, checkpoint, use_kernel=False)
-                capital_path = panel.capital_path
-        with timer.stage("regression"):
-            edge = capital_grid_problem(capital_path, grids, settings.burn_in, cal)
-            if edge is not None and edge.every_period:  # nothing left to regress on: no later iteration can help
-                if iteration == 1:
-                    raise ValueError(edge.message)
-                raise ValueError(f"at outer iteration {iteration} (ALM {np.round(alm, 6).tolist()}): {edge.message}; "
-                                 f"or, if the first iterations stayed inside the grid, lower damping (now "
-                                 f"{settings.damping:g}) so that the ALM update does not overshoot")
-            regressions = alm_mod.regress_alm(capital_path, a_path, settings.burn_in)
-            degenerate = degenerate_regression_message(regressions)
-            if degenerate is not None:
-                raise ValueError(degenerate)
-            alm_new = alm_mod.coefficients(*regressions)
-            change = float(np.linalg.norm(alm_new - alm))
-            history.append({"iteration": iteration, "n_agents": settings.n_agents, "change": change,
-                            "seconds": time.perf_counter() - started, "policy_iterations": solved.iterations,
-                            **{f"b{i}": float(v) for i, v in enumerate(alm_new)}})
-            last_alm, last_point = alm_new, alm.copy()
-            if coarse is not None and iteration == 1:
-                # the tiled coarse panel carries the coarse sample's error in its mean: start the full panel
-                # from its own first final distribution (then fixed), the coarse stage having made it ergodic;
-                # the map changed, so a fresh update (its first step takes first_step of B_new)
-                k_start, e_start = panel.k, panel.employed
-                alm = update(alm, alm_new)
-                update = alm_updater(settings, near=True, jacobian=jacobian)
-            else:
-                if change > 100.0 * settings.tolerance and not start_fixed:
-                    if hist is not None:
-                        hist_start = hist.distribution
-                    else:
-                        k_start, e_start = panel.k, panel.employed
-                elif not start_fixed:  # from here on every iteration evaluates one map: a fresh history for it
-                    start_fixed = True
-                    update.restart()
-                alm = update(alm, alm_new)
-        if change < settings.tolerance:
-            converged = True
-            break
-    assert regressions is not None
-    edge = capital_grid_problem(capital_path, grids, settings.burn_in, cal)
-    if edge is not None:  # the final simulation's K was clipped: the ALM describes the grid's edge
-        raise ValueError(edge.message)
-    jacobian_estimate = None
-    if estimate_jacobian and not histogram:
-        def evaluate_map(point: np.ndarray, engine: CudaPanel | MultiGpuPanel | None = engine) -> np.ndarray:
-            """F(point): the policy for ``point`` (warm from the last one), the panel from the fixed start, the
-            regression."""
-            solved = solve_policy(xp, problem, point, policy, settings.policy, use_kernel=on_device)
-            if not solved.converged:
-                raise ValueError(policy_failure_message(settings.policy, solved.max_change, iteration))
-            if engine is not None:
-                path = engine.simulate(solved.policy, k_start, e_start).capital_path
-            else:
-                path = simulate_panel(xp, cal, grids, settings.interpolation, solved.policy, k_start, e_start,
-                                      a_path, settings.seed, STREAM_IDIOSYNCRATIC, use_kernel=False).capital_path
-            return alm_mod.coefficients(*alm_mod.regress_alm(path, a_path, settings.burn_in))
-
-        report(0.9, "ALM Jacobian")
-        with timer.stage("jacobian"):
-            jacobian_estimate = alm_jacobian(evaluate_map, last_point, last_alm,
-                                             jacobian_directions(capital_path, settings.burn_in))
-        del evaluate_map  # it holds the engine, whose buffers are freed below
-    warnings = [] if converged else [outer_loop_warning(settings, change)]
-    top_problem = None if hist is None else histogram_top_problem(hist.distribution, k_nodes)
-    if top_problem is not None:  # a fixed point with a cut-off distribution is no solution; a stop on the way is
-        if converged:            # already flagged as not converged, and says why its K may be off
-            raise ValueError(top_problem)
-        warnings.append(top_problem)
-    solution = Solution(last_alm, regressions, iteration, converged, change, policy, capital_path, a_path,
-                        policy_iterations, history=history,
-                        panel_graph=isinstance(engine, CudaPanel) and engine.graph_used, warnings=warnings,
-                        final_k=None if panel is None else panel.k,
-                        final_employed=None if panel is None else panel.employed,
-                        final_distribution=None if hist is None else hist.distribution,
-                        coarse_iterations=0 if coarse is None else coarse.iterations,
-                        alm_jacobian=jacobian_estimate,
-                        jacobian_simulations=4 if jacobian_estimate is not None else
-                        0 if coarse is None else coarse.jacobian_simulations)
-    del engine  # its buffers (N-sized) are not needed by the accuracy test
+    run = SolveRun(xp, cal, grids, settings, timer or StageTimer(xp), report or _no_report, on_device)
+    test_periods = check_settings(xp, settings)  # before the solve, not after it
+    coarse = solve_coarse(run, initial_k, initial_employed, use_kernels)
+    simulation, state = set_up(run, coarse, initial_k, initial_employed)
+    outer_loop(run, simulation, state, coarse)
+    check_final_simulation(run, state)
+    jacobian = final_jacobian(run, simulation, state) if estimate_jacobian and not run.histogram else None
+    solution = make_solution(simulation, state, coarse, jacobian, solution_warnings(run, simulation, state))
+    simulation.engine = None  # its buffers (N-sized) are not needed by the accuracy test
     if test_periods > 0:
-        report(0.95, "Den Haan accuracy test")
-        with timer.stage("den_haan_test"):
-            # the test path starts in the aggregate state that drew the panel's final employment states
-            test_a = aggregate_path(cal, settings.seed, test_periods + 1, STREAM_TEST_AGGREGATE, int(a_path[-1]))
-            if hist is not None:  # the same simulation as the solve's: the histogram, from its final distribution
-                test_capital = simulate_histogram(cal, grids, settings, policy, k_nodes, hist.distribution,
-                                                  test_a).capital
-            else:  # one simulation only: the plain per-period loop (capturing would cost what it saves)
-                test_capital = simulate_panel(xp, cal, grids, settings.interpolation, policy, panel.k, panel.employed,
-                                              test_a, settings.seed, STREAM_TEST_IDIOSYNCRATIC,
-                                              use_kernel=on_device).capital_path
-            max_gap, mean_gap, implied = alm_mod.den_haan_errors(test_capital, test_a, last_alm)
-        solution.den_haan_max, solution.den_haan_mean = max_gap, mean_gap
-        solution.den_haan_panel, solution.den_haan_alm, solution.den_haan_a = test_capital, implied, test_a[:-1]
+        den_haan_test(run, simulation, state, solution, test_periods)
     return solution

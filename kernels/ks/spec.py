@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import fields
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from kernels.ks.inputs import JEDC_PERIODS
 from kernels.ks.model import (
@@ -14,10 +15,22 @@ from kernels.ks.model import (
     Calibration,
     validate_calibration,
 )
-from kernels.ks.solve import MIN_DEN_HAAN_PERIODS
+from kernels.ks.simulate import MIN_AGENTS_PER_GPU
+from kernels.ks.solve import MIN_DEN_HAAN_PERIODS, MIN_REGRESSION_PERIODS
 from kernels.spec import JobParams, ResultModel, ResultPart
 
 DEFAULT_SEED = 19_980_101
+
+Settings = TypeVar("Settings")
+
+
+def settings_from(params: BaseModel, settings: type[Settings], prefix: str = "", **derived: Any) -> Settings:
+    """The dataclass ``settings`` with each field that names a params field (``prefix`` + its name) taken from
+    ``params``; ``derived``: the fields computed from the params rather than copied. The other fields keep their
+    defaults."""
+    names = {item.name for item in fields(settings)} - derived.keys()  # type: ignore[arg-type]
+    copied = {name: getattr(params, prefix + name) for name in names if prefix + name in type(params).model_fields}
+    return settings(**copied, **derived)
 
 
 class _Part(BaseModel):
@@ -82,8 +95,7 @@ class CalibrationSpec(_Part):
         return data
 
     def to_calibration(self) -> Calibration:
-        return Calibration(self.beta, self.gamma, self.alpha, self.delta, self.l_bar, self.mu, self.delta_a,
-                           self.u_bad, self.u_good, tuple(tuple(row) for row in self.transition))
+        return settings_from(self, Calibration, transition=tuple(tuple(row) for row in self.transition))
 
     @model_validator(mode="after")
     def _consistent(self) -> CalibrationSpec:
@@ -99,7 +111,11 @@ class KSSolveParams(JobParams):
 
     n_agents: int = Field(default=10_000, ge=1_000, le=200_000_000, description="agents in the simulated panel")
     periods: int = Field(default=1_100, ge=50, le=100_000, description="T, simulated periods")
-    burn_in: int = Field(default=100, ge=0, le=99_000, description="periods discarded before the regression")
+    burn_in: int = Field(
+        default=100, ge=0, le=99_000, validate_default=True,
+        description=f"periods discarded before the regression; at least {MIN_REGRESSION_PERIODS} periods must "
+        f"remain",
+    )
     k_grid: IndividualGrid = Field(default_factory=IndividualGrid)
     K_grid: AggregateGrid = Field(default_factory=AggregateGrid)
     tolerance: float = Field(default=1e-7, gt=0.0, le=0.1, description="stop when ||B_new - B||_2 < tolerance")
@@ -112,12 +128,12 @@ class KSSolveParams(JobParams):
     )
     gpus: int = Field(
         default=1, ge=1, le=16,
-        description="GPUs of the worker's host the full panel is spread over (agents in slices, K summed on the "
-        "host each period: pays at tens of millions of agents); more than 1 needs a GPU worker with that many "
-        "devices and alm_simulation 'panel' (docs/ks.md)",
+        description=f"GPUs of the worker's host the full panel is spread over (agents in slices, K summed on the "
+        f"host each period: pays at tens of millions of agents); more than 1 needs a GPU worker with that many "
+        f"devices, {MIN_AGENTS_PER_GPU:,} agents per GPU and alm_simulation 'panel' (docs/ks.md)",
     )
     coarse_agents: int = Field(
-        default=0, ge=0, le=200_000_000,
+        default=0, ge=0, le=200_000_000, validate_default=True,
         description="0: off; otherwise solve first on a panel of this many agents (1,000 or more, fewer than "
         "n_agents; to 1e-5), then refine on the full panel from its ALM and ergodic cross-section: the full "
         "panel's own fixed point in a few iterations (the fast path at large n_agents, docs/ks.md)",
@@ -170,7 +186,7 @@ class KSSolveParams(JobParams):
         "from its initial cross-section, with Euler-equation errors (docs/ks.md)",
     )
     accuracy_path: str | None = Field(
-        default=None,
+        default=None, validate_default=True,
         description="jedc test: dataset id with column a (0 bad, 1 good) and optionally employed (0/1, one "
         "agent's path for the Euler errors), replacing the comparison's shock path",
     )
@@ -191,39 +207,70 @@ class KSSolveParams(JobParams):
                 return {**data, "K_grid": {"min": low, "max": high}}
         return data
 
-    @model_validator(mode="after")
-    def _panel_long_enough(self) -> KSSolveParams:
-        if self.burn_in + 10 > self.periods:
-            raise ValueError("burn_in must leave at least 10 periods of the panel for the ALM regression")
-        return self
+    # Field validators see the fields defined before theirs (info.data; absent when those failed): each rule
+    # across fields sits on the later field, so the API's 422 names a field the rule is about.
+    @field_validator("burn_in")
+    @classmethod
+    def _panel_long_enough(cls, burn_in: int, info: ValidationInfo) -> int:
+        periods = info.data.get("periods")
+        if periods is not None and burn_in + MIN_REGRESSION_PERIODS > periods:
+            raise ValueError(f"burn_in ({burn_in:,}) must leave at least {MIN_REGRESSION_PERIODS} of the "
+                             f"{periods:,} periods for the ALM regression")
+        return burn_in
 
-    @model_validator(mode="after")
-    def _staged_solve_consistent(self) -> KSSolveParams:
-        if self.coarse_agents:
-            if not 1_000 <= self.coarse_agents < self.n_agents:
-                raise ValueError(f"coarse_agents must be 0 (off) or at least 1,000 and fewer than n_agents "
-                                 f"({self.n_agents:,}), not {self.coarse_agents:,}")
-            if self.alm_simulation == "histogram":
-                raise ValueError("coarse_agents stages the panel: it has no meaning with alm_simulation 'histogram'")
-        if self.alm_update == "newton" and not self.coarse_agents:
+    @field_validator("gpus")
+    @classmethod
+    def _enough_agents_per_gpu(cls, gpus: int, info: ValidationInfo) -> int:
+        n_agents = info.data.get("n_agents")
+        if n_agents is not None and gpus > 1 and n_agents < MIN_AGENTS_PER_GPU * gpus:
+            raise ValueError(f"gpus = {gpus} needs at least {MIN_AGENTS_PER_GPU:,} agents per GPU: n_agents "
+                             f"{n_agents:,} is fewer than {MIN_AGENTS_PER_GPU * gpus:,}")
+        return gpus
+
+    @field_validator("coarse_agents")
+    @classmethod
+    def _staged_solve_consistent(cls, coarse_agents: int, info: ValidationInfo) -> int:
+        n_agents = info.data.get("n_agents")
+        if coarse_agents and n_agents is not None and not 1_000 <= coarse_agents < n_agents:
+            raise ValueError(f"coarse_agents must be 0 (off) or at least 1,000 and fewer than n_agents "
+                             f"({n_agents:,}), not {coarse_agents:,}")
+        if not coarse_agents and info.data.get("alm_update") == "newton":
             raise ValueError("alm_update 'newton' takes its Jacobian from the coarse stage: set coarse_agents "
                              "(e.g. 100000), or use alm_update 'anderson'")
-        return self
+        return coarse_agents
 
-    @model_validator(mode="after")
-    def _accuracy_inputs_need_the_jedc_test(self) -> KSSolveParams:
-        for name in ("accuracy_path", "accuracy_distribution"):
-            if getattr(self, name) is not None and self.accuracy_test != "jedc":
-                raise ValueError(f"{name} is an input of the jedc accuracy test: set accuracy_test to 'jedc'")
-        if (self.accuracy_test == "jedc" and self.accuracy_path is None and self.den_haan_periods is not None
-                and self.den_haan_periods > JEDC_PERIODS):
-            raise ValueError(f"den_haan_periods: the jedc test's path has {JEDC_PERIODS} periods")
-        return self
+    @field_validator("alm_simulation")
+    @classmethod
+    def _histogram_has_no_panel(cls, alm_simulation: str, info: ValidationInfo) -> str:
+        if alm_simulation == "histogram":
+            if info.data.get("coarse_agents"):
+                raise ValueError("coarse_agents stages the panel: it has no meaning with alm_simulation 'histogram'")
+            gpus = info.data.get("gpus", 1)
+            if gpus > 1:
+                raise ValueError(f"alm_simulation 'histogram' moves one histogram on the host: gpus = {gpus} spreads "
+                                 f"a panel over GPUs; set gpus to 1 or alm_simulation to 'panel'")
+        return alm_simulation
+
+    @field_validator("accuracy_path", "accuracy_distribution")
+    @classmethod
+    def _accuracy_inputs_need_the_jedc_test(cls, dataset_id: str | None, info: ValidationInfo) -> str | None:
+        if dataset_id is not None and info.data.get("accuracy_test", "jedc") != "jedc":
+            raise ValueError(f"{info.field_name} is an input of the jedc accuracy test: set accuracy_test to 'jedc'")
+        return dataset_id
+
+    @field_validator("accuracy_path")
+    @classmethod
+    def _jedc_path_long_enough(cls, accuracy_path: str | None, info: ValidationInfo) -> str | None:
+        periods = info.data.get("den_haan_periods")
+        if (accuracy_path is None and info.data.get("accuracy_test") == "jedc" and periods is not None
+                and periods > JEDC_PERIODS):
+            raise ValueError(f"den_haan_periods: the jedc test's path has {JEDC_PERIODS} periods, not {periods}; "
+                             f"lower den_haan_periods or give a longer path as accuracy_path")
+        return accuracy_path
 
     @field_validator("den_haan_periods")
     @classmethod
     def _den_haan_test_or_none(cls, value: int | None) -> int | None:
-        # 1 .. 9 used to pass and then skip the test silently (or give a statistic over a handful of periods)
         if value is not None and 0 < value < MIN_DEN_HAAN_PERIODS:
             raise ValueError(f"den_haan_periods must be 0 (skip the accuracy test) or at least "
                              f"{MIN_DEN_HAAN_PERIODS}, not {value}")

@@ -43,6 +43,7 @@ def test_egm_inversion_is_exact_on_a_linear_relation_and_binds_below_the_first_p
     assert np.all(np.diff(bumped) >= 0.0)
 
 
+@pytest.mark.slow
 def test_egm_fixed_point_solves_the_euler_equation_as_time_iteration_does() -> None:
     cal, grids = Calibration(), Grids()
     problem = EulerProblem(np, cal, grids, "catmull_rom")
@@ -146,6 +147,19 @@ def test_anderson_update_solves_a_linear_fixed_point_in_a_few_steps() -> None:
     for _ in range(anderson):
         b = update(b, matrix @ b + shift)
     np.testing.assert_allclose(b, fixed, rtol=1e-8)
+
+
+def test_a_short_staged_solve_runs_the_coarse_panel_then_the_full_one_from_it() -> None:
+    # the staging of the slow test below, two iterations of each panel (neither converged)
+    from kernels.ks.solve import SolveSettings, solve
+
+    settings = SolveSettings(n_agents=2_000, periods=200, burn_in=50, tolerance=1e-7, interpolation="bilinear",
+                             den_haan_periods=0, seed=2, initial_alm=tuple(REFERENCE_ALM), max_iterations=2,
+                             coarse_agents=1_000, policy=PolicySettings(tolerance=1e-5))
+    staged = solve(np, Calibration(), Grids(), settings)
+    assert not staged.converged and (staged.coarse_iterations, staged.iterations) == (2, 2)
+    assert [h["n_agents"] for h in staged.history] == [1_000, 1_000, 2_000, 2_000]
+    assert len(staged.policy_iterations) == 4 and staged.final_k.size == 2_000
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@ MMV's non-stochastic simulation) instead of an N-agent panel."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -28,9 +30,19 @@ SMALL = SolveSettings(periods=300, burn_in=50, tolerance=1e-6, interpolation="cu
                       initial_alm=(0.144219, 0.960361, 0.154786, 0.958879), max_iterations=40)
 
 
+# the quick tier's: two iterations (not converged) of bilinear on 501 nodes
+QUICK = replace(SMALL, interpolation="bilinear", histogram_nodes=501, max_iterations=2,
+                policy=PolicySettings(tolerance=1e-5))
+
+
 @pytest.fixture(scope="module")
 def small_solution():
     return solve(np, CAL, GRIDS, SMALL)
+
+
+@pytest.fixture(scope="module")
+def quick_solution():
+    return solve(np, CAL, GRIDS, QUICK)
 
 
 def test_the_histogram_starts_where_it_is_told_and_keeps_each_state_s_mean() -> None:
@@ -61,6 +73,7 @@ def test_a_distribution_piled_on_the_top_node_is_named() -> None:
     assert message is not None and "top node 100" in message and "widen K_grid" in message
 
 
+@pytest.mark.slow
 def test_the_solution_s_alm_is_the_regression_on_its_own_histogram_path(small_solution) -> None:
     sol = small_solution
     assert sol.converged and sol.final_k is None and sol.final_distribution is not None
@@ -75,6 +88,7 @@ def test_the_solution_s_alm_is_the_regression_on_its_own_histogram_path(small_so
     assert sol.den_haan_panel.size == 100 and 0.0 < sol.den_haan_mean < sol.den_haan_max < 2.0
 
 
+@pytest.mark.slow
 def test_the_histogram_path_agrees_with_a_large_panel_under_the_solution_s_policy(small_solution) -> None:
     """Independent check of what the ALM is fitted to: 200,000 agents under the same policy and aggregate path
     (sampling error of K about 0.05 %) against the histogram from the same start."""
@@ -93,8 +107,37 @@ def test_the_histogram_path_agrees_with_a_large_panel_under_the_solution_s_polic
     assert gap.max() < 2e-3, gap.max()
 
 
+def test_a_short_solve_s_alm_is_the_regression_on_its_own_histogram_path(quick_solution) -> None:
+    """The slow tier's converged check at a smaller size, stopped after two iterations."""
+    sol = quick_solution
+    assert not sol.converged and sol.iterations == 2 and sol.warnings
+    assert sol.final_k is None and sol.final_distribution is not None
+    np.testing.assert_array_equal(aggregate_path(CAL, QUICK.seed, QUICK.periods + 1), sol.a_path)
+    regressions = alm_mod.regress_alm(sol.capital_path, sol.a_path, QUICK.burn_in)
+    np.testing.assert_allclose(alm_mod.coefficients(*regressions), sol.alm, rtol=1e-13)
+    assert sol.den_haan_panel.size == 100 and 0.0 < sol.den_haan_mean < sol.den_haan_max
+
+
+def test_a_short_solve_s_histogram_path_agrees_with_a_panel_under_its_policy(quick_solution) -> None:
+    """The slow tier's 200,000-agent check with 20,000 agents (sampling error of K about 0.15 %)."""
+    from kernels.ks.simulate import STREAM_IDIOSYNCRATIC, simulate_panel
+    from kernels.ks.solve import initial_panel
+
+    sol = quick_solution
+    settings = SolveSettings(n_agents=20_000, periods=QUICK.periods, interpolation="bilinear", seed=QUICK.seed)
+    k0, e0 = initial_panel(np, CAL, settings, first_state=int(sol.a_path[0]))
+    panel = simulate_panel(np, CAL, GRIDS, "bilinear", sol.policy, k0, e0, sol.a_path[:121], settings.seed,
+                           STREAM_IDIOSYNCRATIC, use_kernel=False)
+    nodes = np.linspace(GRIDS.k_min, histogram_top(GRIDS), QUICK.histogram_nodes)
+    start = initial_histogram(nodes, CAL.steady_state_capital, np.asarray(k0), np.asarray(e0).astype(bool))
+    hist = simulate_histogram(CAL, GRIDS, QUICK, sol.policy, nodes, start, sol.a_path[:121])
+    gap = np.abs(hist.capital / panel.capital_path - 1.0)
+    assert gap.max() < 2e-3, gap.max()
+
+
 def test_the_coarse_panel_stage_is_refused_with_the_histogram() -> None:
-    with pytest.raises(ValueError, match="coarse_agents"):
+    # the params model refuses it at submission (test_ks_job); the kernel asserts it
+    with pytest.raises(AssertionError, match="coarse_agents"):
         solve(np, CAL, GRIDS, SolveSettings(alm_simulation="histogram", coarse_agents=1_000))
 
 

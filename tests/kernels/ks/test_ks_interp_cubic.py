@@ -202,6 +202,7 @@ def test_the_job_spec_accepts_cubic() -> None:
     assert KSSolveParams.model_validate({"interpolation": "cubic"}).interpolation == "cubic"
 
 
+@pytest.mark.slow
 def test_cubic_policy_has_smaller_euler_residuals_off_the_grid_than_catmull_rom() -> None:
     """The point of the method: the same Euler fixed point (a fixed ALM) on a small grid, residuals between
     the k nodes (where the interpolation acts). Measured on 100 x 4 with the JEDC test's Euler statistic:

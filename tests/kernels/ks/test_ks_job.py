@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -161,6 +162,63 @@ def test_staged_solve_options_are_checked_at_submission(payload: dict, message: 
         KSSolveParams.model_validate(payload)
 
 
+@pytest.mark.parametrize(
+    ("payload", "field", "message"),
+    [
+        ({"periods": 100}, "burn_in", "burn_in (100) must leave at least 10 of the 100 periods"),
+        ({"periods": 100, "burn_in": 91}, "burn_in", "at least 10 of the 100 periods"),
+        ({"n_agents": 10_000, "coarse_agents": 10_000}, "coarse_agents", "fewer than n_agents"),
+        ({"alm_update": "newton"}, "coarse_agents", "takes its Jacobian from the coarse stage"),
+        ({"coarse_agents": 2_000, "alm_simulation": "histogram"}, "alm_simulation", "coarse_agents stages the panel"),
+        ({"gpus": 2, "alm_simulation": "histogram"}, "alm_simulation", "gpus = 2"),
+        ({"n_agents": 3_000, "gpus": 4}, "gpus", "at least 1,000 agents per GPU"),
+        ({"accuracy_path": "p"}, "accuracy_path", "set accuracy_test to 'jedc'"),
+        ({"accuracy_test": "jedc", "den_haan_periods": 10_001}, "accuracy_path", "den_haan_periods"),
+    ],
+)
+def test_rules_across_fields_name_a_field_of_the_rule(payload: dict, field: str, message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)) as info:
+        KSSolveParams.model_validate(payload)
+    assert [error["loc"] for error in info.value.errors()] == [(field,)]
+
+
+@pytest.mark.parametrize("payload", [{"periods": 100, "burn_in": 90}, {"n_agents": 4_000, "gpus": 4},
+                                     {"gpus": 2}, {"coarse_agents": 1_000, "n_agents": 1_001}])
+def test_the_rules_boundaries_are_accepted(payload: dict) -> None:
+    KSSolveParams.model_validate(payload)
+
+
+# params fields the solve's settings do not take: the runner reads them (grids, calibration, datasets, the jedc
+# test after the solve)
+NOT_IN_SOLVE_SETTINGS = {"k_grid", "K_grid", "calibration", "initial_distribution", "accuracy_test", "accuracy_path",
+                         "accuracy_distribution"}
+
+
+def test_the_solve_settings_take_every_other_params_field() -> None:
+    from dataclasses import asdict
+
+    from kernels.ks.jobs import solve_settings
+
+    params = KSSolveParams.model_validate({
+        "n_agents": 20_000, "periods": 300, "burn_in": 40, "tolerance": 1e-5, "damping": 0.5,
+        "alm_update": "anderson", "gpus": 2, "coarse_agents": 2_000, "max_iterations": 7, "interpolation": "cubic",
+        "precision": "float32", "seed": 11, "policy_tolerance": 1e-6, "policy_method": "egm",
+        "policy_damping": 0.9, "policy_max_iterations": 77, "den_haan_periods": 50, "initial_alm": WARM,
+    })
+    settings = asdict(solve_settings(params))
+    policy = settings.pop("policy")
+    taken = {name: value for name, value in settings.items() if name in KSSolveParams.model_fields}
+    taken |= {f"policy_{name}": value for name, value in policy.items()
+              if f"policy_{name}" in KSSolveParams.model_fields}
+    assert set(taken) | NOT_IN_SOLVE_SETTINGS == set(KSSolveParams.model_fields)
+    expected = params.model_dump(exclude=NOT_IN_SOLVE_SETTINGS)
+    assert taken == {**expected, "initial_alm": tuple(WARM)}
+    # the derived ones: the method's damping when none is given, no panel test before the jedc test
+    assert solve_settings(KSSolveParams(policy_method="egm")).policy.damping == 1.0
+    assert solve_settings(KSSolveParams(accuracy_test="jedc", den_haan_periods=100)).den_haan_periods == 0
+
+
+@pytest.mark.slow
 def test_the_staged_anderson_job_reaches_the_direct_jobs_alm() -> None:
     # the fast path of large panels (coarse stage, then the full panel, Anderson steps) as a job: the fixed point
     # of the same map from another ergodic start panel, so equal to the direct solve's up to sampling noise,
@@ -180,7 +238,7 @@ def test_the_staged_anderson_job_reaches_the_direct_jobs_alm() -> None:
 
 
 def test_a_panel_over_several_gpus_on_a_cpu_worker_fails_naming_the_field() -> None:
-    params = KSSolveParams.model_validate({**SMALL, "gpus": 2})
+    params = KSSolveParams.model_validate({**SMALL, "n_agents": 2_000, "gpus": 2})
     with pytest.raises(ValueError, match="gpus = 2 spreads the panel over GPUs: it needs a GPU worker"):
         run_kind(KS_SOLVE, params, local_context(device="cpu"))
     with pytest.raises(ValidationError, match="gpus"):
@@ -188,7 +246,7 @@ def test_a_panel_over_several_gpus_on_a_cpu_worker_fails_naming_the_field() -> N
 
 
 def test_progress_follows_convergence_not_only_the_iteration_cap() -> None:
-    # issue 16: KS progress jumped from 0.33 to 1.0 (it counted max_iterations)
+    # progress that counted max_iterations jumped from 0.33 to 1.0
     from kernels.ks.solve import outer_progress
 
     history = [{"change": c} for c in (1e-1, 1e-3, 1e-5)]
@@ -196,6 +254,10 @@ def test_progress_follows_convergence_not_only_the_iteration_cap() -> None:
     assert outer_progress(4, 100, history, 1e-7) == pytest.approx(0.9 * 4 / 6)  # log(1e4) / log(1e6)
     assert outer_progress(99, 100, history[:1], 1e-7) == pytest.approx(0.9 * 0.98)  # the count still moves it
     assert outer_progress(4, 100, [*history, {"change": 1e-9}], 1e-7) == pytest.approx(0.9)
+
+
+@pytest.mark.slow
+def test_a_job_s_progress_follows_its_convergence() -> None:
     params = KSSolveParams.model_validate({**SMALL, "max_iterations": 100, "tolerance": 1e-5})
     progress = LocalProgress()
     run_kind(KS_SOLVE, params, local_context(device="cpu", progress=progress))
@@ -203,3 +265,15 @@ def test_progress_follows_convergence_not_only_the_iteration_cap() -> None:
     assert fractions == sorted(fractions)
     last_outer = max(f for f, stage in progress.reports if stage and stage.startswith("iteration"))
     assert last_outer > 0.3  # converged in a few of 100 iterations: the bar got well past 3 %
+
+
+def test_the_calibration_takes_every_field_of_its_spec() -> None:
+    from dataclasses import asdict
+
+    from kernels.ks.spec import CalibrationSpec
+
+    spec = CalibrationSpec.model_validate({"preset": "ks1998", "beta": 0.98})
+    expected = {**spec.model_dump(exclude={"preset"}), "transition": tuple(tuple(row) for row in spec.transition)}
+    cal = spec.to_calibration()
+    assert {name: getattr(cal, name) for name in asdict(cal)} == expected
+    assert (cal.beta, cal.mu, cal.l_bar) == (0.98, 0.0, 0.3271)

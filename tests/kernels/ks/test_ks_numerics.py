@@ -384,13 +384,16 @@ def test_den_haan_errors_vanish_on_an_exact_alm_path() -> None:
 # ---------------------------------------------------------------- a small full solve
 
 
-@pytest.mark.parametrize(("den_haan_periods", "periods"), [(1, 300), (9, 300), (None, 8)])
+@pytest.mark.parametrize(("den_haan_periods", "periods", "message"),
+                         [(1, 300, "den_haan_periods must be 0"), (9, 300, "den_haan_periods must be 0"),
+                          (None, 8, "burn_in must leave at least 10 periods")])
 def test_solve_refuses_a_den_haan_test_shorter_than_ten_periods_before_solving(
-    den_haan_periods: int | None, periods: int
+    den_haan_periods: int | None, periods: int, message: str
 ) -> None:
+    # the params model refuses these at submission (test_ks_job); the kernel asserts them before any work
     settings = SolveSettings(n_agents=1_000, periods=periods, burn_in=0, den_haan_periods=den_haan_periods)
     calls: list[tuple[float, str]] = []
-    with pytest.raises(ValueError, match="den_haan_periods must be 0"):
+    with pytest.raises(AssertionError, match=message):
         solve(np, Calibration(), Grids(), settings, report=lambda f, s: calls.append((f, s)))
     assert calls == []  # refused up front, not after the outer loop
 

@@ -48,15 +48,17 @@ class ResultModel(BaseModel):
 
 
 def settings_from(
-    settings_type: type[Settings], params: BaseModel, *sections: str, exclude: Collection[str] = (), **settings: Any
+    settings_type: type[Settings], params: BaseModel, *sections: str, prefix: str = "", exclude: Collection[str] = (),
+    **settings: Any,
 ) -> Settings:
     """A kernel's settings dataclass made from a job's validated params by name: each field named like a params
-    field, or like a field of one of the nested ``sections`` (e.g. "acceleration"), takes that field's value,
-    so a setting added to both needs no code; ``exclude``: fields whose params namesakes mean something else;
-    ``settings``: the rest (what the params hold under another name, or what the run derives), over those."""
+    field (``prefix`` + its name, e.g. "policy_" for a policy step's settings), or like a field of one of the
+    nested ``sections`` (e.g. "acceleration"), takes that field's value, so a setting added to both needs no
+    code; ``exclude``: fields whose params namesakes mean something else; ``settings``: the rest (what the params
+    hold under another name, or what the run derives), over those. Other fields keep their defaults."""
     names = {item.name for item in dataclasses.fields(settings_type)} - set(exclude)  # type: ignore[arg-type]
     dumped = params.model_dump()
-    values = {name: value for name, value in dumped.items() if name in names}
+    values = {name: dumped[prefix + name] for name in names if prefix + name in dumped}
     for section in sections:
         values.update({name: value for name, value in dumped[section].items() if name in names})
     return settings_type(**{**values, **settings})

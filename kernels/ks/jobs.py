@@ -23,10 +23,10 @@ from kernels.ks.spec import (
     KSSolveParams,
     KSSolveResult,
     StateALM,
-    settings_from,
 )
 from kernels.ks.work import solve_work
 from kernels.registry import JobKind, KindExample
+from kernels.spec import settings_from
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -66,8 +66,8 @@ def policy_damping(params: KSSolveParams) -> float:
 def solve_settings(params: KSSolveParams) -> SolveSettings:
     """The kernel's settings: the params' fields of the same name, the policy step's from ``policy_*``."""
     return settings_from(
-        params, SolveSettings,
-        policy=settings_from(params, PolicySettings, prefix="policy_", damping=policy_damping(params)),
+        SolveSettings, params,
+        policy=settings_from(PolicySettings, params, prefix="policy_", damping=policy_damping(params)),
         den_haan_periods=0 if params.accuracy_test == "jedc" else params.den_haan_periods,  # jedc: after the solve
         initial_alm=tuple(params.initial_alm),
     )

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -17,20 +16,9 @@ from kernels.ks.model import (
 )
 from kernels.ks.simulate import MIN_AGENTS_PER_GPU
 from kernels.ks.solve import MIN_DEN_HAAN_PERIODS, MIN_REGRESSION_PERIODS
-from kernels.spec import JobParams, ResultModel, ResultPart
+from kernels.spec import JobParams, ResultModel, ResultPart, settings_from
 
 DEFAULT_SEED = 19_980_101
-
-Settings = TypeVar("Settings")
-
-
-def settings_from(params: BaseModel, settings: type[Settings], prefix: str = "", **derived: Any) -> Settings:
-    """The dataclass ``settings`` with each field that names a params field (``prefix`` + its name) taken from
-    ``params``; ``derived``: the fields computed from the params rather than copied. The other fields keep their
-    defaults."""
-    names = {item.name for item in fields(settings)} - derived.keys()  # type: ignore[arg-type]
-    copied = {name: getattr(params, prefix + name) for name in names if prefix + name in type(params).model_fields}
-    return settings(**copied, **derived)
 
 
 class _Part(BaseModel):
@@ -95,7 +83,7 @@ class CalibrationSpec(_Part):
         return data
 
     def to_calibration(self) -> Calibration:
-        return settings_from(self, Calibration, transition=tuple(tuple(row) for row in self.transition))
+        return settings_from(Calibration, self, transition=tuple(tuple(row) for row in self.transition))
 
     @model_validator(mode="after")
     def _consistent(self) -> CalibrationSpec:

@@ -93,8 +93,8 @@ def test_the_key_secret_file_is_one_secret_for_processes_starting_together(tmp_p
 
 
 def test_keys_data_dir_writes_to_that_servers_database_and_secret(env, tmp_path: Path) -> None:
-    # issue 16: `gpuest serve --data-dir X` with auth on printed `gpuest keys create OWNER`, which wrote to ./var
-    # and printed a key that server refused; `keys --data-dir X` is what its banner prints now
+    # `gpuest serve --data-dir X` with auth on prints `gpuest keys --data-dir X create OWNER`: the key must land in
+    # that server's database, under its key secret, not in ./var
     server_dir = tmp_path / "server-data"
     server_env = sqlite_env(server_dir)
     assert gpuest_in_process("db", "upgrade", env=server_env).returncode == 0
@@ -112,7 +112,7 @@ def test_keys_data_dir_writes_to_that_servers_database_and_secret(env, tmp_path:
 
 
 def test_the_first_admin_key_comes_from_the_environment_once(env, tmp_path: Path) -> None:
-    # issue 16: the compose stack's first key without `docker compose exec` (migrate registers it)
+    # the compose stack's first key without `docker compose exec` (its migrate service registers it)
     key = "gpe_" + "0123456789abcdef" * 3
     with_key = {**env, "GPUEST_ADMIN_KEY": key}
     first = gpuest_in_process("db", "upgrade", env=with_key)

@@ -1,4 +1,4 @@
-"""``gpuest serve --gpus N`` / ``--cpu-workers N`` (issue 19): one worker process per GPU pinned with
+"""``gpuest serve --gpus N`` / ``--cpu-workers N``: one worker process per GPU pinned with
 CUDA_VISIBLE_DEVICES, or N CPU workers; a clear one-line refusal where the GPUs are not there; and the
 embedded stack with two CPU workers fanning one crve_montecarlo job out over both, surviving a worker
 killed mid-chunk with the single run's result."""

@@ -1,5 +1,5 @@
-"""sccs_eras -> sccs_fit on the real stack (uvicorn + a Celery worker process) with nothing downloaded (issue 15,
-item 5): the eras job's `outcomes` and `covariates` artifacts are registered as datasets
+"""sccs_eras -> sccs_fit on the real stack (uvicorn + a Celery worker process) with nothing downloaded:
+the eras job's `outcomes` and `covariates` artifacts are registered as datasets
 (`POST /v1/datasets/from-artifact`: `outcomes` by the `gpuest datasets from-artifact` command, `covariates` by the
 Python client) and the fit job reads them. Its estimates equal the same two jobs run in this process on the same
 person-level tables."""

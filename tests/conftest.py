@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import functools
 import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -27,6 +30,32 @@ def xp(request: pytest.FixtureRequest) -> ModuleType:
     """The array namespace of each backend in turn: a kernel test taking ``xp`` runs on NumPy and, where a
     GPU is usable, on CuPy (the CuPy run carries the ``gpu`` marker, so it skips without one)."""
     return np if request.param == "numpy" else get_namespace("gpu")
+
+
+# -- a migrated SQLite store per test, copied from one migrated once per session
+
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], None]:
+    """A function writing a SQLite database at head to a path: the migrations run once per session, each test
+    gets a copy (the same schema ``upgrade_to_head`` makes, in milliseconds instead of a migration run)."""
+    from store.db import engine_for
+    from store.migrate import upgrade_to_head
+
+    template = tmp_path_factory.mktemp("migrated") / "gpuest.sqlite3"
+    url = f"sqlite:///{template}"
+    upgrade_to_head(url)
+    engine_for(url).dispose()
+
+    def copy_to(path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        source, target = sqlite3.connect(template), sqlite3.connect(path)
+        try:
+            source.backup(target)
+        finally:
+            target.close()
+            source.close()
+
+    return copy_to
 
 
 # -- servers tier: skipped (with the reason) without Postgres + Redis; GPUEST_REQUIRE_SERVERS=1 (set by

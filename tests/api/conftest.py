@@ -1,6 +1,9 @@
 """An isolated API: a temp data dir with a migrated SQLite database, kombu's SQLAlchemy broker over a
 temp SQLite file, the real job registry, and API keys for two owners. No worker runs here, so jobs stay
-queued unless a test moves them through the store (the same calls the worker makes)."""
+queued unless a test moves them through the store (the same calls the worker makes).
+
+An API test runs on that embedded store; a test marked ``both_backends`` (the database or the broker matters
+to it: claims, constraints, migrations, quotas, retention, queries, deliveries) runs on Postgres + Redis too."""
 
 from __future__ import annotations
 
@@ -28,7 +31,14 @@ def clear_cached_settings() -> None:
     db._session_factory.cache_clear()
 
 
-BACKENDS = ["embedded", pytest.param("servers", marks=pytest.mark.servers)]
+EMBEDDED = "embedded"
+BOTH_BACKENDS = [EMBEDDED, pytest.param("servers", marks=pytest.mark.servers)]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "api_env" in metafunc.fixturenames:
+        both = metafunc.definition.get_closest_marker("both_backends") is not None
+        metafunc.parametrize("api_env", BOTH_BACKENDS if both else [EMBEDDED], indirect=True)
 
 
 @pytest.fixture(scope="session")
@@ -49,14 +59,18 @@ def _empty_tables(database_url: str) -> None:
         )
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture
 def api_env(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    migrated_sqlite: Callable[[Path], None],
 ) -> Iterator[dict[str, str]]:
     """Environment of a fresh, migrated store with auth on; the test process uses it.
 
-    ``embedded``: SQLite + kombu's SQLAlchemy broker in tmp_path. ``servers``: a new Postgres database
-    beside DATABASE_URL's and the Redis at REDIS_URL (the root conftest skips this tier without them).
+    ``embedded``: SQLite (a copy of the session's migrated one) + kombu's SQLAlchemy broker in tmp_path.
+    ``servers``: the session's Postgres database (migrated, emptied) and the Redis at REDIS_URL (the root
+    conftest skips this tier without them).
     """
     server_urls = (os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", ""))
     data_dir = tmp_path / "var"
@@ -74,9 +88,11 @@ def api_env(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     clear_cached_settings()
-    upgrade_to_head()
     if request.param == "servers":
+        upgrade_to_head()
         _empty_tables(env["GPUEST_DATABASE_URL"])
+    else:
+        migrated_sqlite(Path(get_settings().resolved_database_url().removeprefix("sqlite:///")))
     yield env
     db.get_engine().dispose()
     clear_cached_settings()

@@ -53,6 +53,7 @@ def _field_errors(problem: dict) -> dict[str, str]:
     return {error["field"]: error["type"] for error in problem["errors"]}
 
 
+@pytest.mark.both_backends
 def test_a_table_artifact_becomes_a_dataset_with_its_schema_and_rows(client, alice) -> None:
     job_id = _job("alice")
     response = _register(client, alice, job_id, "outcomes")
@@ -107,6 +108,7 @@ def test_a_missing_or_array_artifact_is_named_with_the_jobs_tables(client, alice
     assert client.get("/v1/datasets", headers=alice).json()["total"] == 0
 
 
+@pytest.mark.both_backends
 def test_deleting_the_job_leaves_the_dataset_and_deleting_the_dataset_leaves_the_artifact(client, alice) -> None:
     job_id = _job("alice")
     first = _register(client, alice, job_id, "outcomes").json()["id"]

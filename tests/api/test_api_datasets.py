@@ -37,6 +37,7 @@ def assert_nothing_stored() -> None:
     assert leftovers == []
 
 
+@pytest.mark.both_backends
 def test_csv_upload_returns_schema_and_location(client, alice) -> None:
     response = upload(client, alice, "prices.csv", GOOD_CSV)
     assert response.status_code == 201, response.text
@@ -187,6 +188,7 @@ def test_wrong_body_shapes(client, alice) -> None:
     assert_nothing_stored()
 
 
+@pytest.mark.both_backends
 def test_owner_isolation_and_delete(client, alice, bob) -> None:
     dataset = upload(client, alice, "mine.csv", GOOD_CSV).json()
     stored = Path(get_settings().datasets_dir) / f"{dataset['id']}.parquet"
@@ -205,6 +207,7 @@ def test_owner_isolation_and_delete(client, alice, bob) -> None:
     assert_problem(client.delete(f"/v1/datasets/{dataset['id']}", headers=alice), 404)
 
 
+@pytest.mark.both_backends
 def test_decoded_copies_of_datasets_deleted_elsewhere_are_pruned(client, alice) -> None:
     kept = upload(client, alice, "kept.csv", GOOD_CSV).json()
     stored = Path(get_settings().datasets_dir) / f"{kept['id']}.parquet"
@@ -220,6 +223,7 @@ def test_decoded_copies_of_datasets_deleted_elsewhere_are_pruned(client, alice) 
     assert not orphan.exists() and decoded_path(stored).exists() and being_written.exists()
 
 
+@pytest.mark.both_backends
 def test_delete_refuses_while_a_queued_job_uses_the_dataset(client, alice) -> None:
     from kernels.registry import registry
 
@@ -237,6 +241,7 @@ def test_delete_refuses_while_a_queued_job_uses_the_dataset(client, alice) -> No
     assert client.delete(f"/v1/datasets/{dataset['id']}", headers=alice).status_code == 204
 
 
+@pytest.mark.both_backends
 def test_dataset_list_pages(client, alice) -> None:
     ids = [upload(client, alice, f"d{index}.csv", GOOD_CSV).json()["id"] for index in range(3)]
     first = client.get("/v1/datasets?limit=2", headers=alice).json()

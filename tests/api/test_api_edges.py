@@ -112,6 +112,7 @@ def test_nan_cases_cover_the_reported_field() -> None:
 
 # -- NUL characters (and other text no database can compare) ---------------------------------------------
 
+@pytest.mark.both_backends
 @pytest.mark.parametrize(
     ("method", "path"),
     [
@@ -129,6 +130,7 @@ def test_a_nul_in_a_path_id_is_a_404(client, alice, method, path) -> None:
     assert_problem(client.request(method, path, headers=alice), 404)
 
 
+@pytest.mark.both_backends
 @pytest.mark.parametrize(
     ("path", "field"),
     [("/v1/jobs?kind=%00", "kind"), ("/v1/jobs?kind=crve%00&status=queued", "kind"),
@@ -139,6 +141,7 @@ def test_a_nul_in_a_query_filter_is_a_422_naming_it(client, alice, path, field) 
     assert [(error["field"], error["location"]) for error in problem["errors"]] == [(field, "query")]
 
 
+@pytest.mark.both_backends
 @pytest.mark.parametrize("bad_id", ["\u0000", "abc\u0000", "\ud800"])
 def test_a_dataset_id_field_no_database_can_hold_is_a_422_naming_it(client, alice, bad_id) -> None:
     params = dict(registry()["sccs_eras"].example.params)
@@ -149,6 +152,7 @@ def test_a_dataset_id_field_no_database_can_hold_is_a_422_naming_it(client, alic
     assert "params.cases_dataset_id" in {error["field"] for error in problem["errors"]}
 
 
+@pytest.mark.both_backends
 def test_a_nul_inside_free_text_params_is_stored_as_given_not_a_500(client, alice) -> None:
     """Free text inside params lands in a JSON column, as the escape \\u0000 (which PostgreSQL's json type
     keeps), so it needs no refusal: it is read back as sent."""
@@ -192,6 +196,7 @@ def every_database_route(client: TestClient, headers: dict[str, str], job_id: st
     ]
 
 
+@pytest.mark.both_backends
 def test_a_database_outage_answers_503_with_retry_after_on_every_route_then_recovers(
     client, alice, api_env, monkeypatch
 ) -> None:
@@ -214,6 +219,7 @@ def test_a_database_outage_answers_503_with_retry_after_on_every_route_then_reco
     assert client.get(f"/v1/jobs/{job_id}", headers=alice).status_code == 200
 
 
+@pytest.mark.slow
 @pytest.mark.servers
 def test_a_stopped_postgres_answers_503_and_401_stays_401_once_it_is_back(api_env, monkeypatch) -> None:
     """A real PostgreSQL of this test's own, stopped and started again (pool connections die with it)."""
@@ -264,6 +270,7 @@ def test_a_500_closes_the_connection_says_so_and_names_only_the_request_id(app) 
     assert "secret" not in response.text and "db-host" not in response.text and "RuntimeError" not in response.text
 
 
+@pytest.mark.both_backends
 def test_a_database_error_that_is_not_an_outage_is_a_plain_500(app) -> None:
     from sqlalchemy.exc import ProgrammingError
 
@@ -279,6 +286,7 @@ def test_a_database_error_that_is_not_an_outage_is_a_plain_500(app) -> None:
 
 # -- operator details: /readyz and /metrics ---------------------------------------------------------------
 
+@pytest.mark.both_backends
 def test_readyz_names_no_database_host_or_port_without_the_metrics_token(client, monkeypatch) -> None:
     monkeypatch.setenv("GPUEST_METRICS_TOKEN", METRICS_TOKEN)
     point_database_at(monkeypatch, "postgresql+psycopg://gpuest@127.0.0.1:1/gpuest")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import numpy as np
+import pytest
 from api_helpers import assert_problem
 from test_api_jobs import run_through_store, submit
 
@@ -16,6 +17,7 @@ from store.db import session_scope
 from store.models import Job, utcnow
 
 
+@pytest.mark.both_backends
 def test_a_finished_job_is_deleted_with_its_result_and_artifacts(client, alice, bob) -> None:
     job = submit(client, alice)
     reference = save_artifact(job["id"], "draws", np.arange(6.0))
@@ -31,6 +33,7 @@ def test_a_finished_job_is_deleted_with_its_result_and_artifacts(client, alice, 
     assert_problem(client.delete(f"/v1/jobs/{job['id']}", headers=alice), 404)  # once only
 
 
+@pytest.mark.both_backends
 def test_queued_and_running_jobs_are_refused_until_cancelled(client, alice) -> None:
     queued = submit(client, alice)
     problem = assert_problem(client.delete(f"/v1/jobs/{queued['id']}", headers=alice), 409)
@@ -49,6 +52,7 @@ def _finished_days_ago(job_id: str, days: float) -> None:
         session.get(Job, job_id).finished_at = utcnow() - timedelta(days=days)
 
 
+@pytest.mark.both_backends
 def test_retention_expires_finished_jobs_by_their_owners_limit(client, alice, bob) -> None:
     old_alice, new_alice, old_bob = (submit(client, headers, seed=seed)
                                      for headers, seed in ((alice, 1), (alice, 2), (bob, 3)))
@@ -71,6 +75,7 @@ def test_retention_expires_finished_jobs_by_their_owners_limit(client, alice, bo
         assert job_store.expire_finished_jobs(session, default_days=0, days_by_owner={}) == []
 
 
+@pytest.mark.both_backends
 def test_deleting_a_job_leaves_the_dataset_it_read(client, alice) -> None:
     csv = b"y,x,g\n" + b"".join(f"{i % 7},{i},{i % 3}\n".encode() for i in range(30))
     dataset = client.post("/v1/datasets", files={"file": ("d.csv", csv, "text/csv")}, headers=alice).json()

@@ -40,6 +40,7 @@ def run_through_store(job_id: str, *, result: dict, artifacts: dict | None = Non
 
 # -- create ---------------------------------------------------------------------------------------------
 
+@pytest.mark.both_backends
 def test_create_answers_202_with_location_and_rings_the_broker(client, alice, api_env) -> None:
     response = client.post("/v1/jobs", json=montecarlo_spec(), headers=alice)
     assert response.status_code == 202
@@ -62,6 +63,7 @@ def test_create_answers_202_with_location_and_rings_the_broker(client, alice, ap
     assert fetched.json()["id"] == job["id"] and fetched.json()["created_at"] == job["created_at"]
 
 
+@pytest.mark.both_backends
 def test_idempotency_key_returns_the_same_job(client, alice, bob) -> None:
     first = client.post("/v1/jobs", json=montecarlo_spec(), headers={**alice, "Idempotency-Key": "k-1"})
     again = client.post("/v1/jobs", json=montecarlo_spec(), headers={**alice, "Idempotency-Key": "k-1"})
@@ -156,6 +158,7 @@ def upload_csv(client: TestClient, headers: dict[str, str]) -> str:
     return response.json()["id"]
 
 
+@pytest.mark.both_backends
 def test_dataset_ids_must_exist_and_belong_to_the_caller(client, alice, bob) -> None:
     if "crve_bootstrap" not in registry():
         pytest.skip("crve_bootstrap not registered")
@@ -231,6 +234,7 @@ def test_auth_disabled_serves_everyone_as_the_local_owner(api_env, monkeypatch) 
 
 # -- cancel, result, artifacts ---------------------------------------------------------------------------------
 
+@pytest.mark.both_backends
 def test_cancel_of_a_queued_job_means_it_never_runs(client, alice) -> None:
     job = submit(client, alice)
     response = client.post(f"/v1/jobs/{job['id']}/cancel", headers=alice)
@@ -245,6 +249,7 @@ def test_cancel_of_a_queued_job_means_it_never_runs(client, alice) -> None:
     assert again.status_code == 200 and again.json()["status"] == "cancelled"
 
 
+@pytest.mark.both_backends
 def test_cancel_of_a_running_job_flags_it_for_the_worker(client, alice) -> None:
     job = submit(client, alice)
     with session_scope() as session:
@@ -257,6 +262,7 @@ def test_cancel_of_a_running_job_flags_it_for_the_worker(client, alice) -> None:
         assert job_store.record_progress(session, job["id"], worker="test-worker", progress=0.5, stage="x")
 
 
+@pytest.mark.both_backends
 def test_result_is_409_until_succeeded_then_the_stored_result(client, alice) -> None:
     job = submit(client, alice)
     problem = assert_problem(client.get(f"/v1/jobs/{job['id']}/result", headers=alice), 409)
@@ -296,6 +302,7 @@ def test_artifacts_list_and_download_without_path_traversal(client, alice) -> No
 
 # -- list, paging, filters -------------------------------------------------------------------------------------
 
+@pytest.mark.both_backends
 def test_list_pages_newest_first_with_next_links_and_filters(client, alice, bob) -> None:
     ids = [submit(client, alice, seed=seed)["id"] for seed in range(5)]
     submit(client, bob)

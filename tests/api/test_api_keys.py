@@ -9,6 +9,7 @@ import hmac
 import stat
 from pathlib import Path
 
+import pytest
 from api_helpers import assert_problem
 from sqlalchemy import select
 
@@ -29,6 +30,7 @@ def key_header(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+@pytest.mark.both_backends
 def test_keys_are_stored_as_an_hmac_under_the_data_dirs_secret_file(client, make_key, api_env) -> None:
     key = make_key("alice")
     secret_file = Path(api_env["GPUEST_DATA_DIR"]) / key_store.SECRET_FILE_NAME
@@ -62,6 +64,7 @@ def test_a_configured_secret_wins_and_a_key_does_not_verify_under_another(client
     assert_problem(client.get("/v1/jobs", headers=key_header(key)), 401)
 
 
+@pytest.mark.both_backends
 def test_a_legacy_sha256_row_still_verifies_and_is_rehashed_on_first_use(client, api_env) -> None:
     legacy_key = key_store.KEY_PREFIX + "legacy-key-made-before-the-keyed-hash-0123"
     with session_scope() as session:
@@ -77,6 +80,7 @@ def test_a_legacy_sha256_row_still_verifies_and_is_rehashed_on_first_use(client,
     assert client.get(response.headers["location"], headers=key_header(legacy_key)).status_code == 200
 
 
+@pytest.mark.both_backends
 def test_a_revoked_key_is_refused_once_the_cache_lets_go(client, make_key) -> None:
     key = make_key("alice")
     assert client.get("/v1/jobs", headers=key_header(key)).status_code == 200
@@ -89,6 +93,7 @@ def test_a_revoked_key_is_refused_once_the_cache_lets_go(client, make_key) -> No
         assert key_store.revoke_key(session, row.id)[1] is False  # already revoked: unchanged
 
 
+@pytest.mark.both_backends
 def test_find_key_refuses_an_ambiguous_or_unknown_prefix(api_env) -> None:
     import pytest
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 from api_helpers import montecarlo_spec
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -22,6 +23,7 @@ def running_gauge(client) -> dict[str, float]:
             for sample in family.samples if sample.name == "gpuest_running"}
 
 
+@pytest.mark.both_backends
 def test_metrics_count_running_jobs_and_chunks_by_device(client, alice, monkeypatch) -> None:
     monkeypatch.setenv("GPUEST_METRICS_TOKEN", TOKEN)
     get_settings.cache_clear()

@@ -19,6 +19,7 @@ def quotas(api_env, monkeypatch: pytest.MonkeyPatch):
     clear_cached_settings()
 
 
+@pytest.mark.both_backends
 def test_the_running_jobs_quota_answers_429_with_retry_after(client, alice, bob, quotas) -> None:
     quotas(max_active_jobs_per_owner=2, quota_retry_after_seconds=45)
     first = client.post("/v1/jobs", json=montecarlo_spec(seed=1), headers={**alice, "Idempotency-Key": "k1"})
@@ -41,6 +42,7 @@ def _upload(client, headers, rows: int):
     return client.post("/v1/datasets", files={"file": ("d.csv", csv, "text/csv")}, headers=headers)
 
 
+@pytest.mark.both_backends
 def test_the_storage_quota_counts_stored_bytes_and_stores_nothing_beyond(client, alice, bob, quotas) -> None:
     first = _upload(client, alice, 50)
     assert first.status_code == 201

@@ -30,6 +30,7 @@ def test_healthz(client) -> None:
     assert response.status_code == 200 and response.json() == {"status": "ok"}
 
 
+@pytest.mark.both_backends
 def test_readyz_when_everything_is_up(client) -> None:
     response = client.get("/readyz")
     assert response.status_code == 200, response.text
@@ -50,6 +51,7 @@ def test_readyz_is_503_naming_the_broker_when_it_points_nowhere(client, alice, m
     assert client.get(response.headers["location"], headers=alice).json()["status"] == "queued"
 
 
+@pytest.mark.both_backends
 def test_readyz_is_503_naming_the_database_when_it_is_unreachable(client, monkeypatch) -> None:
     monkeypatch.setenv("DATABASE_URL", "postgresql+psycopg://gpuest@127.0.0.1:1/gpuest")
     get_settings.cache_clear()
@@ -64,6 +66,7 @@ def test_request_ids_are_echoed(client) -> None:
     assert len(generated) == 32 and generated != client.get("/healthz").headers["x-request-id"]
 
 
+@pytest.mark.both_backends
 def test_readyz_is_503_naming_the_schema_when_it_falls_behind(client) -> None:
     from alembic import command
 
@@ -89,6 +92,7 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+@pytest.mark.both_backends
 def test_metrics_report_jobs_queue_depth_run_time_and_http(client, alice, monkeypatch) -> None:
     # Job counts are every owner's: shown with the metrics token only (tests/api/test_api_edges.py).
     monkeypatch.setenv("GPUEST_METRICS_TOKEN", "operator-token-0123456789")
@@ -167,6 +171,7 @@ def test_every_kinds_example_is_valid_and_is_the_documented_one(client) -> None:
         assert request_model["examples"] == [{"kind": name, "params": json.loads(json.dumps(kind.example.params))}]
 
 
+@pytest.mark.slow
 def test_importing_the_app_touches_neither_the_worker_nor_the_broker(api_env, tmp_path) -> None:
     # A fresh interpreter: this one has imported everything already.
     probe = (

@@ -272,6 +272,7 @@ print(json.dumps({"status": response.status_code, "body": response.json(), "peak
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's resettable peak RSS")
 def test_the_issue_gzip_bomb_is_refused_with_flat_memory(api_env: dict[str, str], tmp_path: Path) -> None:
     """The issue's file: 104,857,600 rows of "1" gzipped (about 200 kB as sent, 210 MB decompressed, under

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from api_helpers import assert_problem
 from test_api_jobs import submit
 
@@ -21,6 +22,7 @@ def events(client, headers, job_id: str, **params: int) -> dict:
     return response.json()
 
 
+@pytest.mark.both_backends
 def test_the_log_follows_a_job_from_submission_through_a_lost_worker_to_success(client, alice) -> None:
     job = submit(client, alice)
     with session_scope() as session:
@@ -63,6 +65,7 @@ def test_the_log_follows_a_job_from_submission_through_a_lost_worker_to_success(
     assert [item["id"] for item in events(client, alice, job["id"], limit=3, offset=6)["items"]] == ids[6:]
 
 
+@pytest.mark.both_backends
 def test_failure_and_cancel_are_logged(client, alice) -> None:
     failed, cancelled = submit(client, alice), submit(client, alice)
     with session_scope() as session:
@@ -82,6 +85,7 @@ def test_failure_and_cancel_are_logged(client, alice) -> None:
     assert events(client, alice, cancelled["id"])["items"][-1]["type"] == "cancelled"
 
 
+@pytest.mark.both_backends
 def test_another_owners_log_is_a_404_and_a_deleted_job_takes_its_log(client, alice, bob) -> None:
     job = submit(client, alice)
     assert_problem(client.get(f"/v1/jobs/{job['id']}/events", headers=bob), 404)

@@ -4,6 +4,7 @@ cancel first; another owner's group is a 404."""
 
 from __future__ import annotations
 
+import pytest
 from api_helpers import assert_problem, montecarlo_spec
 from test_api_jobs import run_through_store
 
@@ -27,6 +28,7 @@ def counts() -> tuple[int, int, int, int]:
                 session.query(WebhookDelivery).count())
 
 
+@pytest.mark.both_backends
 def test_a_finished_group_is_deleted_with_its_members_and_their_files(client, alice, bob) -> None:
     group, members = create_group(client, alice)
     kept = client.post("/v1/jobs", json=montecarlo_spec(), headers=alice).json()  # not a member: stays

@@ -37,6 +37,7 @@ def counts_in_store() -> tuple[int, int]:
         return session.query(JobGroup).count(), session.query(Job).count()
 
 
+@pytest.mark.both_backends
 def test_a_grid_makes_one_low_priority_member_per_combination(client, alice, api_env) -> None:
     group = create(client, alice)
     assert group["member_count"] == 6 and group["status"] == "queued" and group["progress"] == 0.0
@@ -70,6 +71,7 @@ def test_a_list_of_specs_is_merged_over_the_base(client, alice) -> None:
     assert [(job["params"]["n_clusters"], job["params"]["replications"]) for job in jobs] == [(12, 20), (14, 30)]
 
 
+@pytest.mark.both_backends
 @pytest.mark.parametrize(
     ("body", "field", "words"),
     [
@@ -105,6 +107,7 @@ def test_a_group_larger_than_the_limit_is_refused(client, alice, monkeypatch) ->
     assert counts_in_store() == (0, 0)
 
 
+@pytest.mark.both_backends
 def test_members_count_towards_the_active_jobs_quota(client, alice, monkeypatch) -> None:
     monkeypatch.setenv("GPUEST_MAX_ACTIVE_JOBS_PER_OWNER", "5")
     clear_cached_settings()
@@ -122,6 +125,7 @@ def test_another_owners_group_is_a_404(client, alice, bob) -> None:
     assert client.get("/v1/job-groups", headers=alice).json()["items"][0]["id"] == group["id"]
 
 
+@pytest.mark.both_backends
 def test_status_progress_and_results_follow_the_members(client, alice) -> None:
     group = create(client, alice)
     jobs = members(client, alice, group["id"])
@@ -188,6 +192,7 @@ def test_status_progress_and_results_follow_the_members(client, alice) -> None:
     assert_problem(client.get(f"/v1/job-groups/{group['id']}/results", params={"format": "xlsx"}, headers=alice), 422)
 
 
+@pytest.mark.both_backends
 def test_cancel_reaches_queued_and_running_members_and_keeps_finished_ones(client, alice) -> None:
     group = create(client, alice)
     jobs = members(client, alice, group["id"])
@@ -205,6 +210,7 @@ def test_cancel_reaches_queued_and_running_members_and_keeps_finished_ones(clien
     assert client.get(f"/v1/job-groups/{group['id']}", headers=alice).json()["status"] == "cancelled"
 
 
+@pytest.mark.both_backends
 def test_an_idempotency_key_replays_the_group(client, alice) -> None:
     keyed = {**alice, "Idempotency-Key": "sweep-1"}
     first = create(client, keyed)
@@ -215,6 +221,8 @@ def test_an_idempotency_key_replays_the_group(client, alice) -> None:
     assert_problem(other, 422)
 
 
+@pytest.mark.slow
+@pytest.mark.both_backends
 def test_a_grid_of_a_thousand_members_is_created_in_one_request(client, alice) -> None:
     started = time.monotonic()
     base = {**BASE, "params": {**BASE["params"], "n_clusters": 10}}

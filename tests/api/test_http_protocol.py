@@ -57,6 +57,7 @@ def server(request: pytest.FixtureRequest, api_env: dict[str, str]) -> Iterator[
         process.wait(timeout=20)
 
 
+@pytest.mark.slow
 def test_a_control_character_in_a_header_is_a_problem_json_400(server) -> None:
     for value in (b"a\x00b", b"a\rb"):
         answer = exchange(server, b"GET /v1/jobs HTTP/1.1\r\nHost: t\r\nX-Bad: " + value + b"\r\n\r\n")

@@ -113,6 +113,7 @@ def test_bootstrap_plot_shows_this_jobs_statistic_and_p_value(client: TestClient
     assert any(f"bootstrap t* ({result['reps_used']:,})" in text for text in texts)
 
 
+@pytest.mark.slow
 def test_an_sccs_fit_with_profile_intervals_draws_its_profiles(client: TestClient, alice) -> None:
     job_id = stored_job("alice", "sccs_fit", profiled=True)
     names = [entry["name"] for entry in client.get(f"/v1/jobs/{job_id}/plots", headers=alice).json()]
@@ -125,6 +126,7 @@ def test_an_sccs_fit_with_profile_intervals_draws_its_profiles(client: TestClien
     assert any(result["coefficients"][0]["name"] in text for text in texts)
 
 
+@pytest.mark.slow
 def test_dual_control_slices_at_a_chosen_state_and_refused_options(client: TestClient, alice) -> None:
     job_id = stored_job("alice", "dualcontrol_solve")
     _, artifacts = example_run("dualcontrol_solve")

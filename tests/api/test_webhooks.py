@@ -78,6 +78,7 @@ def webhook_events(client, headers, job_id: str) -> list[dict]:
 
 # -- delivery -----------------------------------------------------------------------------------------------
 
+@pytest.mark.both_backends
 def test_a_finished_job_is_announced_once_with_a_body_signed_by_the_owners_secret(
     client, alice, receiver_factory
 ) -> None:
@@ -112,6 +113,7 @@ def test_a_finished_job_is_announced_once_with_a_body_signed_by_the_owners_secre
     assert not any("token=abc" in message for message in messages)  # the query may be a receiver's secret
 
 
+@pytest.mark.both_backends
 def test_a_failing_receiver_is_retried_with_exponential_backoff_until_it_answers(
     client, alice, receiver_factory, monkeypatch
 ) -> None:
@@ -151,6 +153,7 @@ def test_a_failing_receiver_is_retried_with_exponential_backoff_until_it_answers
                            ("info", f"callback delivered to 127.0.0.1:{port} (HTTP 200, attempt 3)")]
 
 
+@pytest.mark.both_backends
 def test_a_delivery_is_given_up_after_the_attempts_allowed(client, alice, receiver_factory, monkeypatch) -> None:
     configure(monkeypatch, webhook_backoff_seconds="0.05", webhook_max_attempts="2")
     receiver = receiver_factory(500, 500, 500)
@@ -188,6 +191,7 @@ def test_redirects_are_not_followed_and_timeouts_and_refusals_say_no_more_than_t
     assert errors[1]["seconds"] < 1.0
 
 
+@pytest.mark.both_backends
 def test_a_group_is_announced_once_every_member_has_finished(client, alice, receiver_factory) -> None:
     receiver = receiver_factory(200)
     base = montecarlo_spec()
@@ -290,6 +294,7 @@ def test_a_configured_server_secret_is_used_instead_of_the_file(client, alice, m
     assert get_settings().webhook_secret is not None
 
 
+@pytest.mark.both_backends
 def test_an_idempotent_replay_must_name_the_same_callback(client, alice) -> None:
     spec = {**montecarlo_spec(), "callback_url": "https://example.com/a"}
     first = client.post("/v1/jobs", json=spec, headers={**alice, "Idempotency-Key": "k1"})
@@ -300,6 +305,7 @@ def test_an_idempotent_replay_must_name_the_same_callback(client, alice) -> None
     assert_problem(other, 422)
 
 
+@pytest.mark.both_backends
 def test_a_deleted_job_takes_its_delivery_with_it(client, alice, receiver_factory) -> None:
     receiver = receiver_factory(200)
     created = submit_with_callback(client, alice, receiver.url)
@@ -311,6 +317,7 @@ def test_a_deleted_job_takes_its_delivery_with_it(client, alice, receiver_factor
     assert receiver.requests == []
 
 
+@pytest.mark.both_backends
 def test_every_waiting_group_gets_its_turn_however_many_wait(client, alice) -> None:
     from store.webhooks import activate_finished
 

@@ -1,18 +1,24 @@
 """The dashboard in a real browser: Debian's chromium and chromedriver driven by Selenium against a real
-embedded stack (uvicorn + Celery worker processes, auth on). Skipped, with the reason, without them."""
+embedded stack (uvicorn + Celery worker processes, auth on). Skipped, with the reason, without them.
+
+Screenshots go to the run's temporary directory; GPUEST_REFRESH_SCREENSHOTS=1 asks for docs/screenshots/
+(the README shows them) to be rewritten instead."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from cli.serve import EmbeddedStack, embedded_stack
-from tests.cli.cli_helpers import run_gpuest, sqlite_env
+from tests.cli.cli_helpers import gpuest_in_process, sqlite_env
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
+DOCS_SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -41,10 +47,19 @@ def keys(stack: EmbeddedStack) -> dict[str, str]:
     """An API key for each of two owners, made with the admin command a user runs."""
     made = {}
     for owner in ("alice", "bob"):
-        answer = run_gpuest("keys", "--data-dir", str(stack.data_dir), "create", owner, env=stack.env)
+        answer = gpuest_in_process("keys", "--data-dir", str(stack.data_dir), "create", owner, env=stack.env)
         assert answer.returncode == 0, answer.stderr
         made[owner] = answer.stdout.strip().split()[-1]
     return made
+
+
+@pytest.fixture(scope="session")
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the screenshots go: docs/screenshots/ only when GPUEST_REFRESH_SCREENSHOTS=1 asks for it."""
+    if os.environ.get("GPUEST_REFRESH_SCREENSHOTS") == "1":
+        DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        return DOCS_SCREENSHOTS
+    return tmp_path_factory.mktemp("screenshots")
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from tests.cli.cli_helpers import TINY_PARAMS
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @pytest.mark.servers
 def test_wait_rides_out_a_database_restart(tmp_path) -> None:
     throwaway = pytest.importorskip("tests.reliability.throwaway")

@@ -23,7 +23,7 @@ from cli.serve import embedded_stack, free_port
 from kernels.context import local_context, run_kind
 from kernels.registry import get_kind
 from tests import servers
-from tests.cli.cli_helpers import LONG_PARAMS, TINY_PARAMS, run_gpuest, sqlite_env
+from tests.cli.cli_helpers import LONG_PARAMS, TINY_PARAMS, gpuest_in_process, run_gpuest, sqlite_env
 
 # Two blocks of replications, a few seconds on NumPy: killed while running, it must be re-run from the start.
 KILL_PARAMS = {**LONG_PARAMS, "replications": 2000}
@@ -83,6 +83,7 @@ def test_a_worker_killed_mid_job_is_restarted_and_the_job_succeeds_once(tmp_path
     }
 
 
+@pytest.mark.slow
 def test_gpuest_serve_prints_how_to_use_it_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, **sqlite_env(tmp_path)}
@@ -123,11 +124,13 @@ def test_gpuest_serve_refuses_a_busy_port(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        refused = run_gpuest("serve", "--port", str(port), "--data-dir", str(tmp_path), env=sqlite_env(tmp_path))
+        refused = gpuest_in_process("serve", "--port", str(port), "--data-dir", str(tmp_path),
+                                    env=sqlite_env(tmp_path))
     assert refused.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in refused.stderr
     assert "Traceback" not in refused.stderr
 
 
+@pytest.mark.slow
 def test_keys_create_needs_a_migrated_database(tmp_path: Path) -> None:
     env = sqlite_env(tmp_path)
     refused = run_gpuest("keys", "create", "alice", env=env)
@@ -140,19 +143,20 @@ def test_keys_create_needs_a_migrated_database(tmp_path: Path) -> None:
     assert "shown only this once" in created.stderr
 
 
+@pytest.mark.slow
 def test_api_keys_from_the_cli_gate_the_api_per_owner(tmp_path: Path) -> None:
     env = sqlite_env(tmp_path, GPUEST_AUTH_ENABLED="true")
     with embedded_stack(tmp_path, env=env, log_dir=tmp_path / "logs") as stack:
         assert stack.auth_enabled
-        alice, bob = (run_gpuest("keys", "create", owner, env=env).stdout.strip() for owner in ("alice", "bob"))
-        anonymous = run_gpuest("jobs", "list", "--url", stack.base_url, env={"GPUEST_API_KEY": ""})
+        alice, bob = (gpuest_in_process("keys", "create", owner, env=env).stdout.strip() for owner in ("alice", "bob"))
+        anonymous = gpuest_in_process("jobs", "list", "--url", stack.base_url, env={"GPUEST_API_KEY": ""})
         assert anonymous.returncode == 1 and "HTTP 401" in anonymous.stderr
         with GpuestClient(stack.base_url, bob) as bob_client, GpuestClient(stack.base_url, alice) as alice_client:
             bobs_job = bob_client.submit("crve_montecarlo", TINY_PARAMS)["id"]
             with pytest.raises(ApiError) as hidden:
                 alice_client.get_job(bobs_job)
             assert hidden.value.status_code == 404
-        listed = run_gpuest("jobs", "list", "--json", "--url", stack.base_url, env={"GPUEST_API_KEY": bob})
+        listed = gpuest_in_process("jobs", "list", "--json", "--url", stack.base_url, env={"GPUEST_API_KEY": bob})
         assert listed.returncode == 0 and bobs_job in listed.stdout
 
 

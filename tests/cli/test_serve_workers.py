@@ -1,4 +1,4 @@
-"""``gpuest serve --gpus N`` / ``--cpu-workers N`` (issue 19): one worker process per GPU pinned with
+"""``gpuest serve --gpus N`` / ``--cpu-workers N``: one worker process per GPU pinned with
 CUDA_VISIBLE_DEVICES, or N CPU workers; a clear one-line refusal where the GPUs are not there; and the
 embedded stack with two CPU workers fanning one crve_montecarlo job out over both, surviving a worker
 killed mid-chunk with the single run's result."""
@@ -16,7 +16,7 @@ from cli.client import GpuestClient
 from cli.serve import StackStartError, embedded_stack, visible_gpu_count, worker_argv, worker_environments
 from kernels.context import local_context, run_kind
 from kernels.registry import get_kind
-from tests.cli.cli_helpers import run_gpuest, sqlite_env
+from tests.cli.cli_helpers import gpuest_in_process, sqlite_env
 from tests.cli.test_embedded_stack import wait_for
 
 # 8 NumPy blocks (about 1.5 s each here): the lead and 7 blocks in 2 chunks, one per worker.
@@ -51,7 +51,8 @@ def test_missing_gpus_are_refused_in_one_line(gpus: int, cpu_workers: int | None
 def test_gpuest_serve_gpus_on_a_machine_without_gpu_says_so_and_starts_nothing(tmp_path: Path) -> None:
     if visible_gpu_count() > 0:
         pytest.skip("this machine has a GPU: `gpuest serve --gpus 2` would start")
-    completed = run_gpuest("serve", "--gpus", "2", "--data-dir", str(tmp_path / "data"), env=sqlite_env(tmp_path))
+    completed = gpuest_in_process("serve", "--gpus", "2", "--data-dir", str(tmp_path / "data"),
+                                  env=sqlite_env(tmp_path))
     lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert completed.returncode == 1, completed.stderr
     assert len(lines) == 1 and lines[0].startswith("error: --gpus 2: no GPU is usable through CuPy"), lines

@@ -1,5 +1,5 @@
-"""sccs_eras -> sccs_fit on the real stack (uvicorn + a Celery worker process) with nothing downloaded (issue 15,
-item 5): the eras job's `outcomes` and `covariates` artifacts are registered as datasets
+"""sccs_eras -> sccs_fit on the real stack (uvicorn + a Celery worker process) with nothing downloaded:
+the eras job's `outcomes` and `covariates` artifacts are registered as datasets
 (`POST /v1/datasets/from-artifact`: `outcomes` by the `gpuest datasets from-artifact` command, `covariates` by the
 Python client) and the fit job reads them. Its estimates equal the same two jobs run in this process on the same
 person-level tables."""
@@ -22,7 +22,7 @@ from cli.serve import EmbeddedStack, embedded_stack
 from kernels.context import local_context, run_kind
 from kernels.progress import LocalProgress
 from kernels.registry import get_kind
-from tests.cli.cli_helpers import run_gpuest
+from tests.cli.cli_helpers import gpuest_in_process
 
 ERAS = {"risk_window_start": 1, "risk_window_end": 30, "end_anchor": "exposure_start"}
 FIT = {"prior": {"type": "none"}}
@@ -88,7 +88,7 @@ def test_eras_artifacts_feed_the_fit_without_a_download(stack: EmbeddedStack) ->
     with httpx.Client(base_url=stack.base_url, timeout=60) as client:
         ids = {field: _upload(client, f"{field}.csv", frame) for field, frame in tables.items()}
         eras = _run(client, stack, {"kind": "sccs_eras", "params": {**ids, **ERAS}})
-        command = run_gpuest("datasets", "from-artifact", eras["id"], "outcomes", "--url", stack.base_url)
+        command = gpuest_in_process("datasets", "from-artifact", eras["id"], "outcomes", "--url", stack.base_url)
         assert command.returncode == 0, command.stderr
         with GpuestClient(stack.base_url) as python_client:
             covariates = python_client.dataset_from_artifact(eras["id"], "covariates", name="eras covariates")

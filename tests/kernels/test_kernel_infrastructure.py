@@ -290,6 +290,7 @@ def test_a_failing_warm_up_hook_does_not_skip_the_others(monkeypatch: pytest.Mon
     assert ran == ["broken", "fine"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not installed")
 def test_every_declared_variant_compiles_without_a_gpu(tmp_path: Path) -> None:
     """The loader's text and options, compiled to PTX by nvcc: a kernel that does not compile fails here,

@@ -1,5 +1,6 @@
 """Fixtures of the reliability suite: throwaway PostgreSQL + Redis servers per module (tests/reliability/
-throwaway.py), and the figures the suite measured printed at the end of the run."""
+throwaway.py), and the figures the suite measured printed at the end of the run (written to the file
+GPUEST_RELIABILITY_FIGURES names, else to the run's temporary directory)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ def servers() -> Iterator[Servers]:
     finally:
         redis.close()
         postgres.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def figures_file(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The figures file in the run's temporary directory unless GPUEST_RELIABILITY_FIGURES names one; the variable
+    stays set for the rest of the run, so the summary at its end names the file written."""
+    if not os.environ.get("GPUEST_RELIABILITY_FIGURES"):
+        os.environ["GPUEST_RELIABILITY_FIGURES"] = str(tmp_path_factory.mktemp("reliability") / "figures.json")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -70,7 +70,10 @@ BACKENDS = ["embedded", pytest.param("servers", marks=pytest.mark.servers)]
 
 @pytest.fixture(params=BACKENDS)
 def stack_env(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    migrated_sqlite: Callable[[Path], None],
 ) -> Iterator[dict[str, str]]:
     """Environment of an isolated, migrated job store; the current process uses it too."""
     env = {
@@ -96,7 +99,10 @@ def stack_env(
     # This process's Celery app is built on first use from the settings of that moment: a test module that
     # imports worker.tasks builds one at collection, for no store of the tests (its result backend in ./var).
     monkeypatch.setattr(core.queue, "_celery_app", None)
-    upgrade_to_head()
+    if request.param == "servers":
+        upgrade_to_head()
+    else:  # a copy of the session's migrated SQLite database
+        migrated_sqlite(Path(get_settings().resolved_database_url().removeprefix("sqlite:///")))
     yield env
     db.get_engine().dispose()
     _clear_caches()

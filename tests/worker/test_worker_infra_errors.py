@@ -152,6 +152,7 @@ def test_a_few_dropped_connections_do_not_fail_the_job(
     assert_succeeded_like_undisturbed(job_id, SMALL)
 
 
+@pytest.mark.slow
 def test_progress_writes_that_keep_failing_are_skipped_and_paused(
     stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -48,6 +48,7 @@ def unmigrated_env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[d
     }
 
 
+@pytest.mark.slow
 def test_the_worker_refuses_an_unmigrated_database(unmigrated_env: dict[str, str], tmp_path: Path) -> None:
     worker = WorkerProcess(unmigrated_env, tmp_path / "worker.log")
     try:

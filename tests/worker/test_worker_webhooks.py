@@ -44,6 +44,7 @@ def delivery_of(job_id: str) -> WebhookDelivery:
         return rows[job_id]
 
 
+@pytest.mark.slow
 def test_a_delivery_outlives_a_killed_worker_and_keeps_its_backoff(
     webhook_env: dict[str, str], start_worker: Callable[[], WorkerProcess], receiver: Receiver
 ) -> None:

@@ -175,6 +175,7 @@ def _interval_se(c: dict, prefix: str) -> float:
     return (c[f"{prefix}_ci_upper"] - c[f"{prefix}_ci_lower"]) / (2 * Z95)
 
 
+@pytest.mark.slow
 def test_calibration_in_a_fit_removes_the_systematic_error_of_the_negative_controls() -> None:
     result = _fit(biased_study_tables(), {"negative_controls": NEGATIVES})
     summary = result["calibration"]

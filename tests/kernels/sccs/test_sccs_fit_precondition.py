@@ -82,6 +82,7 @@ def test_the_switch_is_off_by_default_and_named() -> None:
         SccsParams.model_validate({**DATASETS, "precondition": "all"})
 
 
+@pytest.mark.slow
 def test_switch_on_gives_the_switch_off_answers_to_the_fit_tolerance(both_runs: dict) -> None:
     (off, off_progress), (on, on_progress) = both_runs["none"], both_runs["splines"]
     assert on["variance"] == off["variance"]
@@ -172,6 +173,7 @@ def test_a_tight_gradient_rule_is_met_in_a_few_cycles(study_frames: dict[str, pd
     assert max(result["iterations"], cv_fits["iterations"].max(), boot["iterations"].max()) <= 20
 
 
+@pytest.mark.slow
 def test_whitened_fit_equals_statsmodels_poisson_with_case_dummies() -> None:
     """The spline-study GLM reference of test_sccs_study.py, fitted by sccs_fit in the new coordinates."""
     import statsmodels.api as sm

@@ -94,6 +94,7 @@ def test_no_block_without_two_dense_unpenalised_columns() -> None:
     assert pre.dense_block(data, Prior("normal", 0.5, one_flat), np.zeros(data.n_covariates)) is None
 
 
+@pytest.mark.slow
 def test_the_batched_profile_of_a_spline_study_equals_the_host_path() -> None:
     # a drug searched in the new coordinates and a spline component (a column of the block: searched in the
     # original ones, after the others): both ends of both = the host reference's to the root's tolerance

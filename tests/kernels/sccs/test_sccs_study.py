@@ -371,6 +371,7 @@ def _glm_person_inputs(seed: int, n_cases: int) -> st.PersonInputs:
     )
 
 
+@pytest.mark.slow
 def test_fit_with_spline_terms_equals_statsmodels_poisson_with_case_dummies() -> None:
     import statsmodels.api as sm  # here, not at the top: the GPU test of this file runs where it is absent
 

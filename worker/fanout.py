@@ -60,6 +60,7 @@ from store import jobs as job_store
 from store.datasets import get_dataset
 from store.db import session_scope
 from store.models import Job, JobChunk, utcnow
+from worker.dataset_loader import dataset_loader
 from worker.device import job_cache, worker_device
 from worker.infra import InfrastructureUnavailable, describe, is_infrastructure_error, retry_infrastructure
 from worker.progress import Heartbeat, WorkerStopping, worker_stopping
@@ -323,7 +324,7 @@ def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
         return None
     log.info("chunk started", job_id=claimed.job_id, chunk=claimed.index, worker=worker)
     # The job's cache stays after the chunk: this worker may claim the job's finish next (same inputs).
-    ctx = RunContext(claimed.xp, ChunkProgress(chunk_id, worker), _dataset_loader(claimed.dataset_ids),
+    ctx = RunContext(claimed.xp, ChunkProgress(chunk_id, worker), dataset_loader(claimed.dataset_ids),
                      dataset_fields=tuple(claimed.dataset_ids), cache=job_cache.enter(claimed.job_id))
     started = time.perf_counter()
     status, output, error = JobStatus.SUCCEEDED, None, None
@@ -390,14 +391,6 @@ def chunk_ended(chunk_id: str) -> bool:
         return retry_infrastructure(read, what="read a chunk", budget_seconds=5.0, job_id=chunk_id)
     except InfrastructureUnavailable:
         return False
-
-
-def _dataset_loader(dataset_ids: dict[str, str]) -> Any:
-    """The job's datasets, loaded when the chunk asks (the worker's own loader: worker.tasks imports this module,
-    so it is imported here on use)."""
-    from worker.tasks import dataset_loader
-
-    return dataset_loader(dataset_ids)
 
 
 def _claim_chunk(chunk_id: str, worker: str) -> ClaimedChunk | None:

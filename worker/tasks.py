@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 from celery.signals import worker_init, worker_ready, worker_shutting_down
@@ -36,17 +36,18 @@ from core.settings import get_settings
 from core.status import JobPriority, JobStatus
 from kernels import backend, cuda
 from kernels.backend import GPUUnavailableError
-from kernels.context import DatasetLoader, RunContext, namespace_for, run_kind
+from kernels.context import RunContext, namespace_for, run_kind
 from kernels.progress import JobCancelled
 from kernels.registry import JobKind, get_kind, registry
 from kernels.work import cap_problem
 from store import jobs as job_store
 from store.artifacts import discard_pending_outcome, load_pending_outcome, save_pending_outcome
-from store.datasets import get_dataset, load_frame, prune_decoded_copies
+from store.datasets import get_dataset, prune_decoded_copies
 from store.db import session_scope
 from store.migrate import SchemaNotMigratedError, ensure_migrated
 from store.models import Job, utcnow
 from worker import fanout
+from worker.dataset_loader import dataset_loader
 from worker.device import job_cache, worker_device
 from worker.health import touch
 from worker.infra import (
@@ -58,9 +59,6 @@ from worker.infra import (
 )
 from worker.progress import Heartbeat, JobProgress, WorkerStopping, worker_stopping
 from worker.webhooks import webhook_loop
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 log = structlog.get_logger("gpuest.worker")
 
@@ -442,25 +440,6 @@ def _internal_failure(job_id: str, error: Exception) -> Outcome:
                f"details under correlation id {correlation_id}")
     return Outcome(JobStatus.FAILED, error={"type": error_type, "code": "internal_error", "message": message,
                                             "correlation_id": correlation_id})
-
-
-def dataset_loader(dataset_ids: Mapping[str, str]) -> DatasetLoader:
-    """Loads the dataset a params field names, when the runner first asks for it (``ctx.dataset(field)``)."""
-
-    def dataset_file(dataset_id: str) -> str | None:
-        with session_scope() as session:
-            dataset = get_dataset(session, dataset_id)
-            return None if dataset is None else dataset.path  # read while the session is open
-
-    def load(field: str) -> pd.DataFrame:
-        dataset_id = dataset_ids[field]
-        path = retry_infrastructure(lambda: dataset_file(dataset_id), what="read a dataset",
-                                    budget_seconds=get_settings().worker_retry_seconds)
-        if path is None:
-            raise ValueError(f"{field}: dataset {dataset_id} no longer exists")
-        return load_frame(path)
-
-    return load
 
 
 def hand_back(job_id: str, worker: str, queue: str | None, stage: str = REQUEUED_STAGE) -> bool:

@@ -1,4 +1,5 @@
-"""The worker's dataset loader: a job's (or a chunk's) datasets, read from the store when its runner first asks."""
+"""The datasets a job (or a chunk) names, as the worker reads them: loaded when its runner first asks, and
+their stored rows (what its work estimate counts)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,15 @@ def dataset_loader(dataset_ids: Mapping[str, str]) -> DatasetLoader:
 
     return load
 
+
+def dataset_rows(dataset_ids: Mapping[str, str]) -> dict[str, int]:
+    """The stored rows of the datasets a job names (params field -> rows; a dataset gone is left out)."""
+
+    def read() -> dict[str, int]:
+        with session_scope() as session:
+            found = {field: get_dataset(session, dataset_id) for field, dataset_id in dataset_ids.items()}
+            return {field: int(dataset.n_rows) for field, dataset in found.items() if dataset is not None}
+
+    if not dataset_ids:
+        return {}
+    return retry_infrastructure(read, what="read a dataset", budget_seconds=get_settings().worker_retry_seconds)

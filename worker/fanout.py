@@ -64,6 +64,7 @@ from worker.dataset_loader import dataset_loader
 from worker.device import job_cache, worker_device
 from worker.infra import InfrastructureUnavailable, describe, is_infrastructure_error, retry_infrastructure
 from worker.progress import Heartbeat, WorkerStopping, worker_stopping
+from worker.time_limit import TIME_LIMIT_CODE, Deadline, TimeLimitExceeded, Watchdog, end_worker_process, limit_for
 
 log = structlog.get_logger("gpuest.worker")
 
@@ -270,8 +271,9 @@ class ChunkProgress:
     once the job was cancelled or has ended (a sibling chunk failed), :class:`WorkerStopping` on a warm
     shutdown."""
 
-    def __init__(self, chunk_id: str, worker: str) -> None:
+    def __init__(self, chunk_id: str, worker: str, deadline: Deadline | None = None) -> None:
         self.chunk_id, self.worker = chunk_id, worker
+        self.deadline = deadline or Deadline(None)
         self._last_write = 0.0
 
     def __call__(self, fraction: float, stage: str | None = None) -> None:
@@ -279,6 +281,7 @@ class ChunkProgress:
             return
         if worker_stopping.is_set():
             raise WorkerStopping(f"worker stopping; chunk {self.chunk_id} goes back to the queue")
+        self.deadline.check()
         now = time.monotonic()
         if now - self._last_write < PROGRESS_INTERVAL_SECONDS:
             return
@@ -308,9 +311,10 @@ class ChunkHeartbeat(Heartbeat):
             chunk_store.chunk_heartbeat(session, self._job_id, worker=self._worker)
 
 
-def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
+def execute_chunk(chunk_id: str, worker: str, end_process: Callable[[], None] = end_worker_process) -> JobStatus | None:
     """Claim and run one chunk; returns its terminal status, ``queued`` when handed back, None when it was not
-    ours to run."""
+    ours to run. A chunk has its job's time limits: past the hard one, it is recorded as failed (which fails its
+    job) and ``end_process`` ends the worker process (worker/time_limit.py)."""
     settings = get_settings()
     if worker_stopping.is_set():
         _resend_queued(chunk_id)
@@ -323,12 +327,14 @@ def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
     if claimed is None:
         return None
     log.info("chunk started", job_id=claimed.job_id, chunk=claimed.index, worker=worker)
+    deadline = Deadline(limit_for(claimed.kind, claimed.params, claimed.dataset_ids))
     # The job's cache stays after the chunk: this worker may claim the job's finish next (same inputs).
-    ctx = RunContext(claimed.xp, ChunkProgress(chunk_id, worker), dataset_loader(claimed.dataset_ids),
+    ctx = RunContext(claimed.xp, ChunkProgress(chunk_id, worker, deadline), dataset_loader(claimed.dataset_ids),
                      dataset_fields=tuple(claimed.dataset_ids), cache=job_cache.enter(claimed.job_id))
     started = time.perf_counter()
     status, output, error = JobStatus.SUCCEEDED, None, None
-    with ChunkHeartbeat(chunk_id, worker, settings.heartbeat_seconds):
+    with ChunkHeartbeat(chunk_id, worker, settings.heartbeat_seconds) as heartbeat, Watchdog(
+            deadline, lambda: _chunk_hard_time_limit(chunk_id, worker, claimed, deadline, heartbeat, end_process)):
         try:
             spec = claimed.kind.params_model.model_validate(claimed.params)
             output = SPLITS[claimed.kind.name].run(spec, ctx, claimed.spec)
@@ -366,6 +372,33 @@ def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
         # of two chunks ending together the later sees both.
         settle_quietly(claimed.job_id)
     return status if recorded else None
+
+
+def _chunk_hard_time_limit(chunk_id: str, worker: str, claimed: ClaimedChunk, deadline: Deadline,
+                           heartbeat: Heartbeat, end_process: Callable[[], None]) -> None:
+    """The watchdog's action for a chunk past its hard time limit: its heartbeat stops, it is recorded as failed
+    (its job fails with it) and the worker process ends."""
+    assert deadline.limit is not None
+    heartbeat.stop()
+    error = {**deadline.limit.error(hard=True), "correlation_id": uuid.uuid4().hex}
+    error["message"] = f"chunk {claimed.index}: {error['message']}"[:MAX_MESSAGE_CHARS]
+    log.error("chunk ran past its hard time limit", job_id=claimed.job_id, chunk=claimed.index,
+              correlation_id=error["correlation_id"])
+
+    def finish() -> bool:
+        with session_scope() as session:
+            return chunk_store.finish_chunk(session, chunk_id, worker=worker, status=JobStatus.FAILED, error=error,
+                                            timings={"run": time.monotonic() - deadline.started})
+
+    try:
+        if retry_infrastructure(finish, what="store a chunk", job_id=chunk_id,
+                                budget_seconds=get_settings().worker_result_retry_seconds):
+            settle_quietly(claimed.job_id)
+    except InfrastructureUnavailable:
+        log.error("chunk's time limit not recorded: the database is unavailable; the reaper takes it",
+                  chunk_id=chunk_id)
+    finally:
+        end_process()
 
 
 def settle_quietly(job_id: str) -> None:
@@ -415,7 +448,9 @@ def _claim_chunk(chunk_id: str, worker: str) -> ClaimedChunk | None:
 
 def _chunk_error(claimed: ClaimedChunk, exc: Exception) -> dict[str, Any]:
     correlation_id = uuid.uuid4().hex
-    if isinstance(exc, (ValueError, KeyError)):
+    if isinstance(exc, TimeLimitExceeded):
+        code, message = TIME_LIMIT_CODE, f"chunk {claimed.index}: {exc}"
+    elif isinstance(exc, (ValueError, KeyError)):
         code, message = "kernel_error", f"chunk {claimed.index}: {exc}"
     else:
         log.error("chunk raised an unexpected error", job_id=claimed.job_id, chunk=claimed.index,

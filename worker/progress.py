@@ -15,6 +15,7 @@ from store.artifacts import save_artifact
 from store.db import session_scope
 from store.events import EventType, add_event
 from worker.infra import InfrastructureUnavailable, describe, retry_infrastructure
+from worker.time_limit import Deadline
 
 log = structlog.get_logger("gpuest.worker")
 
@@ -40,12 +41,14 @@ worker_stopping = threading.Event()
 class JobProgress:
     """Writes progress at most every ``min_interval`` seconds and raises :class:`JobCancelled` once the
     job was asked to stop (or was taken from this worker by the reaper), or :class:`WorkerStopping` at the
-    first checkpoint after the worker began shutting down."""
+    first checkpoint after the worker began shutting down, :class:`~worker.time_limit.TimeLimitExceeded` at the
+    first checkpoint past the job's soft time limit (``deadline``)."""
 
-    def __init__(self, job_id: str, worker: str, min_interval: float = 0.5) -> None:
+    def __init__(self, job_id: str, worker: str, min_interval: float = 0.5, deadline: Deadline | None = None) -> None:
         self.job_id = job_id
         self.worker = worker
         self.min_interval = min_interval
+        self.deadline = deadline or Deadline(None)
         self.artifacts: dict[str, Any] = {}
         self._last_write = 0.0
         self._quiet_until = 0.0  # no progress writes before this (monotonic) time: the database is away
@@ -62,6 +65,7 @@ class JobProgress:
         # Before the rate limit: a shutdown has a grace period, and every checkpoint may be the last in it.
         if worker_stopping.is_set():
             raise WorkerStopping(f"worker stopping; job {self.job_id} goes back to the queue")
+        self.deadline.check()
         now = time.monotonic()
         if now - self._last_write < self.min_interval or now < self._quiet_until:
             return
@@ -110,8 +114,13 @@ class Heartbeat:
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """No more beats (the job ended, or ran past its hard time limit)."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
 
     def _stamp(self) -> None:
         with session_scope() as session:

@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -58,6 +58,15 @@ from worker.infra import (
     retry_infrastructure,
 )
 from worker.progress import Heartbeat, JobProgress, WorkerStopping, worker_stopping
+from worker.time_limit import (
+    TIME_LIMIT_CODE,
+    TIME_LIMIT_ERROR_TYPE,
+    Deadline,
+    TimeLimitExceeded,
+    Watchdog,
+    end_worker_process,
+    limit_for,
+)
 from worker.webhooks import webhook_loop
 
 log = structlog.get_logger("gpuest.worker")
@@ -206,10 +215,12 @@ KEPT_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED)
 HAND_BACK_RETRY_SECONDS = 5.0
 
 
-def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
+def execute_job(job_id: str, worker: str = WORKER_ID,
+                end_process: Callable[[], None] = end_worker_process) -> JobStatus | None:
     """Claim and run one job to a terminal status; returns that status, ``queued`` when a warm shutdown of
     this worker handed the job back to the queue, or None if it was not ours to run or the database stayed
-    out of reach (the job is then left to the reaper, never failed for it)."""
+    out of reach (the job is then left to the reaper, never failed for it). A job past its hard time limit
+    is recorded as failed and ``end_process`` is called (worker/time_limit.py)."""
     settings = get_settings()
     if worker_stopping.is_set():
         pass_on(job_id)
@@ -231,9 +242,13 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
         log.info("storing the outcome an earlier run of this job computed", job_id=job_id)
         return _store_outcome(job_id, worker, Outcome.from_json(pending))
 
-    progress = JobProgress(job_id, worker)
+    limit = None if claimed.placement.kind is None else limit_for(claimed.placement.kind, claimed.params,
+                                                                    claimed.dataset_ids)
+    deadline = Deadline(limit)
+    progress = JobProgress(job_id, worker, deadline=deadline)
     started = time.perf_counter()
-    with Heartbeat(job_id, worker, settings.heartbeat_seconds):
+    with Heartbeat(job_id, worker, settings.heartbeat_seconds) as heartbeat, Watchdog(
+            deadline, lambda: _hard_time_limit(job_id, worker, deadline, heartbeat, claimed, end_process)):
         outcome = _run(job_id, claimed.placement, claimed.params, claimed.dataset_ids, progress, claimed.queue)
     run_seconds = time.perf_counter() - started
     if outcome.status == JobStatus.RUNNING:  # fanned out: its chunks run on, the chord's callback ends it
@@ -244,6 +259,21 @@ def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
     # Worker-side seconds only: the kernel's per-stage timings are in the result (result["timings"]).
     timings = {"queue_wait": claimed.queue_wait, "run": run_seconds}
     return _store_outcome(job_id, worker, dataclasses.replace(outcome, timings=timings, artifacts=progress.artifacts))
+
+
+def _hard_time_limit(job_id: str, worker: str, deadline: Deadline, heartbeat: Heartbeat, claimed: ClaimedJob,
+                     end_process: Callable[[], None]) -> None:
+    """The watchdog's action: the job ran past its hard time limit without reaching a checkpoint. Its heartbeat
+    stops, it is recorded as failed (not re-queued: it would hang again) and the worker process ends."""
+    assert deadline.limit is not None
+    heartbeat.stop()
+    run_seconds = time.monotonic() - deadline.started
+    outcome = _failed(job_id, TIME_LIMIT_CODE, TIME_LIMIT_ERROR_TYPE, deadline.limit.message(hard=True))
+    timings = {"queue_wait": claimed.queue_wait, "run": run_seconds}
+    try:
+        _store_outcome(job_id, worker, dataclasses.replace(outcome, timings=timings))
+    finally:
+        end_process()
 
 
 def _claim_in_priority_order(job_id: str, worker: str) -> tuple[str, ClaimedJob | None]:
@@ -378,6 +408,8 @@ def _run(
         return Outcome(JobStatus.QUEUED)
     except JobCancelled:
         return Outcome(JobStatus.CANCELLED)
+    except TimeLimitExceeded as exc:
+        return _failed(job_id, TIME_LIMIT_CODE, TIME_LIMIT_ERROR_TYPE, str(exc))
     except ValidationError as exc:
         return _failed(job_id, "invalid_params", type(exc).__name__, str(exc))
     except (ValueError, KeyError) as exc:

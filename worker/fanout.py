@@ -57,20 +57,20 @@ from kernels.sccs import chunks as sccs_chunks
 from kernels.spec import JobParams, ResultModel
 from store import chunks as chunk_store
 from store import jobs as job_store
+from store import work
 from store.datasets import get_dataset
 from store.db import session_scope
 from store.models import Job, JobChunk, utcnow
 from worker.dataset_loader import dataset_loader
 from worker.device import job_cache, worker_device
 from worker.infra import InfrastructureUnavailable, describe, is_infrastructure_error, retry_infrastructure
-from worker.progress import Heartbeat, WorkerStopping, worker_stopping
+from worker.progress import Heartbeat, JobProgress, WorkerStopping, worker_stopping
 from worker.time_limit import TIME_LIMIT_CODE, Deadline, TimeLimitExceeded, Watchdog, end_worker_process, limit_for
 
 log = structlog.get_logger("gpuest.worker")
 
 RUN_CHUNK_TASK = "gpuest.run_chunk"
 REDUCE_TASK = "gpuest.reduce_chunks"
-PROGRESS_INTERVAL_SECONDS = 0.5
 CHORD_UNLOCK_INTERVAL_SECONDS = 0.2
 MAX_MESSAGE_CHARS = 2000
 
@@ -266,58 +266,13 @@ class ClaimedChunk:
     xp: ModuleType
 
 
-class ChunkProgress:
-    """Progress of a chunk (and so of its job), at most every half second; raises :class:`JobCancelled`
-    once the job was cancelled or has ended (a sibling chunk failed), :class:`WorkerStopping` on a warm
-    shutdown."""
-
-    def __init__(self, chunk_id: str, worker: str, deadline: Deadline | None = None) -> None:
-        self.chunk_id, self.worker = chunk_id, worker
-        self.deadline = deadline or Deadline(None)
-        self._last_write = 0.0
-
-    def __call__(self, fraction: float, stage: str | None = None) -> None:
-        if fraction >= 1.0:
-            return
-        if worker_stopping.is_set():
-            raise WorkerStopping(f"worker stopping; chunk {self.chunk_id} goes back to the queue")
-        self.deadline.check()
-        now = time.monotonic()
-        if now - self._last_write < PROGRESS_INTERVAL_SECONDS:
-            return
-        self._last_write = now
-
-        def write() -> bool:
-            with session_scope() as session:
-                return chunk_store.record_chunk_progress(session, self.chunk_id, worker=self.worker,
-                                                         progress=float(fraction))
-
-        try:
-            stop = retry_infrastructure(write, what="record chunk progress", budget_seconds=1.0)
-        except InfrastructureUnavailable:
-            return  # a report, not the work: the chunk goes on
-        if stop:
-            raise JobCancelled(f"chunk {self.chunk_id}: its job was cancelled or has ended")
-
-    def save_artifact(self, name: str, value: Any) -> None:
-        raise NotImplementedError("a chunk of a fanned-out job saves no artifacts")
-
-
-class ChunkHeartbeat(Heartbeat):
-    """Stamps the chunk's heartbeat while it computes (the reaper watches chunks, not their job)."""
-
-    def _stamp(self) -> None:
-        with session_scope() as session:
-            chunk_store.chunk_heartbeat(session, self._job_id, worker=self._worker)
-
-
 def execute_chunk(chunk_id: str, worker: str, end_process: Callable[[], None] = end_worker_process) -> JobStatus | None:
     """Claim and run one chunk; returns its terminal status, ``queued`` when handed back, None when it was not
     ours to run. A chunk has its job's time limits: past the hard one, it is recorded as failed (which fails its
     job) and ``end_process`` ends the worker process (worker/time_limit.py)."""
     settings = get_settings()
     if worker_stopping.is_set():
-        _resend_queued(chunk_id)
+        resend_queued(chunk_id)
         return None
     try:
         claimed = retry_infrastructure(lambda: _claim_chunk(chunk_id, worker), what="claim a chunk",
@@ -329,11 +284,12 @@ def execute_chunk(chunk_id: str, worker: str, end_process: Callable[[], None] = 
     log.info("chunk started", job_id=claimed.job_id, chunk=claimed.index, worker=worker)
     deadline = Deadline(limit_for(claimed.kind, claimed.params, claimed.dataset_ids))
     # The job's cache stays after the chunk: this worker may claim the job's finish next (same inputs).
-    ctx = RunContext(claimed.xp, ChunkProgress(chunk_id, worker, deadline), dataset_loader(claimed.dataset_ids),
+    progress = JobProgress(chunk_id, worker, deadline=deadline, model=JobChunk)
+    ctx = RunContext(claimed.xp, progress, dataset_loader(claimed.dataset_ids),
                      dataset_fields=tuple(claimed.dataset_ids), cache=job_cache.enter(claimed.job_id))
     started = time.perf_counter()
     status, output, error = JobStatus.SUCCEEDED, None, None
-    with ChunkHeartbeat(chunk_id, worker, settings.heartbeat_seconds) as heartbeat, Watchdog(
+    with Heartbeat(chunk_id, worker, settings.heartbeat_seconds, model=JobChunk) as heartbeat, Watchdog(
             deadline, lambda: _chunk_hard_time_limit(chunk_id, worker, claimed, deadline, heartbeat, end_process)):
         try:
             spec = claimed.kind.params_model.model_validate(claimed.params)
@@ -351,9 +307,9 @@ def execute_chunk(chunk_id: str, worker: str, end_process: Callable[[], None] = 
 
     def finish() -> bool:
         with session_scope() as session:
-            return (chunk_store.finish_chunk(session, chunk_id, worker=worker, status=status, output=output,
-                                             error=error, timings=timings)
-                    or chunk_store.chunk_finished_by(session, chunk_id, worker=worker, status=status))
+            return (work.finish(session, JobChunk, chunk_id, worker=worker, status=status, result=output,
+                                error=error, timings=timings)
+                    or work.finished_by(session, JobChunk, chunk_id, worker=worker, status=status))
 
     try:
         recorded = retry_infrastructure(finish, what="store a chunk", job_id=chunk_id,
@@ -387,7 +343,7 @@ def _chunk_hard_time_limit(chunk_id: str, worker: str, claimed: ClaimedChunk, de
 
     def finish() -> bool:
         with session_scope() as session:
-            return chunk_store.finish_chunk(session, chunk_id, worker=worker, status=JobStatus.FAILED, error=error,
+            return work.finish(session, JobChunk, chunk_id, worker=worker, status=JobStatus.FAILED, error=error,
                                             timings={"run": time.monotonic() - deadline.started})
 
     try:
@@ -440,7 +396,7 @@ def _claim_chunk(chunk_id: str, worker: str) -> ClaimedChunk | None:
             xp = namespace_for(kind)
         except (GPUUnavailableError, ValueError):
             return None  # this worker cannot compute it (refused at start anyway): left for another
-        if not chunk_store.claim_chunk(session, chunk_id, worker=worker, device=worker_device(xp)):
+        if not work.claim(session, JobChunk, chunk_id, worker=worker, device=worker_device(xp)):
             return None
         return ClaimedChunk(job.id, chunk.chunk_index, kind, dict(job.params), dict(job.dataset_ids or {}),
                             dict(chunk.spec), xp)
@@ -464,14 +420,14 @@ def _chunk_error(claimed: ClaimedChunk, exc: Exception) -> dict[str, Any]:
 
 def _hand_back_chunk(chunk_id: str, worker: str) -> JobStatus | None:
     with session_scope() as session:
-        released = chunk_store.release_chunk(session, chunk_id, worker=worker)
+        released = work.release(session, JobChunk, chunk_id, worker=worker, stage="")
     if released:
-        _resend_queued(chunk_id)
+        resend_queued(chunk_id)
         return JobStatus.QUEUED
     return None
 
 
-def _resend_queued(chunk_id: str) -> None:
+def resend_queued(chunk_id: str) -> None:
     with session_scope() as session:
         chunk = session.get(JobChunk, chunk_id)
         if chunk is None or chunk.status != JobStatus.QUEUED:
@@ -671,42 +627,17 @@ def _seconds(start: Any, end: Any) -> float | None:
 CALLBACK_GRACE_STALE_LIMITS = 3  # how many stale limits a fanned-out job's chord callback may take
 
 
-def reap_chunks(stale_after: timedelta, max_attempts: int, idle: bool, queue: str) -> dict[str, int]:
-    """Chunks of lost workers go back to the queue alone (or fail their job once their attempts are spent);
-    while this worker is idle, lost chunk messages of its queue are sent again; jobs whose chunks all ended
-    CALLBACK_GRACE_STALE_LIMITS stale limits ago without a reduction are reduced."""
-    counts = {"chunks_requeued": 0, "chunks_failed": 0, "chunks_resent": 0, "reduced": 0}
-    with session_scope() as session:
-        reaped = []
-        for chunk in chunk_store.stale_running_chunks(session, stale_after=stale_after):
-            outcome = chunk_store.requeue_or_fail_stale_chunk(session, chunk, max_attempts=max_attempts)
-            if outcome is not None:
-                reaped.append((chunk.id, chunk.job_id, outcome))
-    for chunk_id, job_id, outcome in reaped:
-        log.warning("reaped a chunk of a lost worker", job_id=job_id, chunk_id=chunk_id, outcome=outcome)
-        if outcome == JobStatus.QUEUED:
-            counts["chunks_requeued"] += 1
-            _resend_queued(chunk_id)
-        else:
-            counts["chunks_failed"] += 1
-            settle(job_id)
-    if idle:
-        with session_scope() as session:
-            lost = [chunk.id for chunk in chunk_store.lost_queued_chunks(session, queue=queue,
-                                                                         not_sent_for=stale_after)]
-        for chunk_id in lost:
-            with session_scope() as session:
-                if not chunk_store.mark_chunk_resent(session, chunk_id, not_sent_for=stale_after):
-                    continue
-            _resend_queued(chunk_id)
-            counts["chunks_resent"] += 1
+def reduce_lost_callbacks(stale_after: timedelta) -> int:
+    """Reduce the fanned-out jobs whose chunks all ended CALLBACK_GRACE_STALE_LIMITS stale limits ago without a
+    reduction (their chord's callback was lost); returns how many. The reaper's part (worker/reaper.py)."""
     with session_scope() as session:
         # The chord's own callback reduces a job as soon as its last part is counted, but only once a worker is
         # free to run Celery's unlock task, which polls (and can wait behind a chunk): the reaper steps in only
         # after several stale limits, so that it reduces the jobs whose callback is lost, not late.
         settled = chunk_store.settled_fanouts(session, settled_for=stale_after * CALLBACK_GRACE_STALE_LIMITS)
+    reduced = 0
     for job_id in settled:
         if settle(job_id) is not None:
             log.warning("reduced a fanned-out job whose chord callback did not come", job_id=job_id)
-            counts["reduced"] += 1
-    return counts
+            reduced += 1
+    return reduced

@@ -19,7 +19,6 @@ import traceback
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -33,7 +32,7 @@ import core.queue
 from core.logging import configure_worker_logging
 from core.queue import RUN_JOB_TASK, send
 from core.settings import get_settings
-from core.status import JobPriority, JobStatus
+from core.status import JobStatus
 from kernels import backend, cuda
 from kernels.backend import GPUUnavailableError
 from kernels.context import RunContext, namespace_for, run_kind
@@ -42,18 +41,17 @@ from kernels.registry import JobKind, get_kind, registry
 from kernels.work import cap_problem
 from store import jobs as job_store
 from store.artifacts import discard_pending_outcome, load_pending_outcome, save_pending_outcome
-from store.datasets import get_dataset, prune_decoded_copies
+from store.datasets import get_dataset
 from store.db import session_scope
 from store.migrate import SchemaNotMigratedError, ensure_migrated
 from store.models import Job, utcnow
-from worker import fanout
+from worker import fanout, reaper
 from worker.dataset_loader import dataset_loader
 from worker.device import job_cache, worker_device
 from worker.health import touch
 from worker.infra import (
     InfrastructureUnavailable,
     describe,
-    forget_dead_connections,
     is_infrastructure_error,
     retry_infrastructure,
 )
@@ -78,24 +76,6 @@ CUDA_CACHE_DIR_NAME = "cuda-cache"
 celery_app = core.queue.get_celery_app()
 
 
-class Activity:
-    """Whether this worker process runs a job, and for how long it has been idle (read by the reaper)."""
-
-    def __init__(self) -> None:
-        self._running = False
-        self._idle_since = time.monotonic()
-
-    def started(self) -> None:
-        self._running = True
-
-    def finished(self) -> None:
-        self._running, self._idle_since = False, time.monotonic()
-
-    def idle_for(self) -> float:
-        return 0.0 if self._running else time.monotonic() - self._idle_since
-
-
-_activity = Activity()
 REQUEUED_STAGE = "requeued: worker stopped"
 UNAVAILABLE_STAGE = "requeued: database or broker unavailable"
 # A user-facing error message is a sentence or a paragraph, not a dump.
@@ -106,12 +86,12 @@ EXIT_NOT_READY = 78
 
 @celery_app.task(name=RUN_JOB_TASK)
 def run_job(job_id: str) -> str | None:
-    _activity.started()
+    reaper.activity.started()
     try:
         status = execute_job(job_id)
         return None if status is None else status.value
     finally:
-        _activity.finished()
+        reaper.activity.finished()
 
 
 @celery_app.task(name=fanout.RUN_CHUNK_TASK, ignore_result=False)
@@ -122,13 +102,13 @@ def run_chunk(job_id: str, chunk_id: str) -> str:
     under the same task id, is the part that counts."""
     from celery.exceptions import Ignore
 
-    _activity.started()
+    reaper.activity.started()
     try:
         fanout.execute_chunk(chunk_id, WORKER_ID)
     except Exception:  # never fail the chord part: the reaper and the chunk's row take it from here
         log.error("chunk task failed", job_id=job_id, chunk_id=chunk_id, traceback=traceback.format_exc())
     finally:
-        _activity.finished()
+        reaper.activity.finished()
     if not fanout.chunk_ended(chunk_id):
         raise Ignore()
     return chunk_id
@@ -508,104 +488,6 @@ def pass_on(job_id: str, reason: str = "worker stopping") -> None:
     log.info("passed a job's message on unclaimed", job_id=job_id, reason=reason)
 
 
-def reap_once() -> dict[str, int]:
-    """Rescue jobs whose worker stopped heartbeating; re-send lost messages of this worker's queue.
-
-    A stale running job goes back to its own queue (or fails once its attempts are spent). While this
-    worker has been idle for a reaper interval, a job queued on its queue whose last message is older than
-    the stale limit has lost that message (an idle worker would have taken it): it is sent once more and
-    its send time updated, so the next pass leaves it alone. Only one claim can win, so an extra message
-    is harmless anyway.
-    """
-    settings = get_settings()
-    stale_after = timedelta(seconds=settings.stale_after_seconds)
-    counts = {"requeued": 0, "failed": 0, "cancelled": 0, "resent": 0}
-    with session_scope() as session:
-        outcomes = [
-            (job.id, job.queue, job.priority, job_store.requeue_or_fail_stale(
-                session, job, max_attempts=settings.max_attempts,
-                # a computed outcome kept on disk is never thrown away for the attempts spent storing it
-                outcome_kept=load_pending_outcome(job.id) is not None))
-            for job in job_store.stale_running_jobs(session, stale_after=stale_after)
-        ]
-    for job_id, queue, priority, outcome in outcomes:
-        if outcome is None:
-            continue
-        counts["requeued" if outcome == JobStatus.QUEUED else outcome.value] += 1
-        log.warning("reaped job of a lost worker", job_id=job_id, outcome=outcome)
-        if outcome == JobStatus.QUEUED:  # the re-send keeps the job's priority
-            _send_or_leave(job_id, queue or settings.queue, _as_priority(priority))
-    # Idle for a whole reaper interval, not just between two jobs of a backlog: a waiting message would
-    # have been taken by now, so the queued jobs' messages are the lost ones.
-    idle = _activity.idle_for() >= settings.reaper_interval_seconds
-    if idle:
-        counts["resent"] = _resend_lost_messages(settings.queue, stale_after)
-    # Chunks of fanned-out jobs: re-run a lost worker's chunk alone, re-send lost chunk messages, reduce a
-    # job whose chord callback was lost.
-    counts.update(fanout.reap_chunks(stale_after, settings.max_attempts, idle, settings.queue))
-    with session_scope() as session:  # decoded copies of datasets deleted elsewhere
-        counts["decoded_pruned"] = prune_decoded_copies(session)
-    if settings.retention_days > 0 or settings.retention_days_by_owner:
-        with session_scope() as session:  # retention: finished jobs past their owner's limit, files with them
-            expired = job_store.expire_finished_jobs(session, default_days=settings.retention_days,
-                                                     days_by_owner=settings.retention_days_by_owner)
-        counts["expired"] = len(expired)
-        if expired:
-            log.info("expired finished jobs", count=len(expired), first=expired[0])
-    return counts
-
-
-def _resend_lost_messages(queue: str, not_sent_for: timedelta) -> int:
-    with session_scope() as session:
-        candidates = job_store.queued_job_ids(session, queue=queue, not_sent_for=not_sent_for)
-    resent = 0
-    for job_id in candidates:
-        with session_scope() as session:
-            # Conditional: of several idle workers on this queue, one re-sends.
-            if not job_store.mark_resent(session, job_id, queue=queue, not_sent_for=not_sent_for):
-                continue
-            priority = job_store.priority_of(session, job_id)
-        if _send_or_leave(job_id, queue, priority):
-            log.info("re-sent the message of a queued job", job_id=job_id, queue=queue)
-            resent += 1
-    return resent
-
-
-def _as_priority(value: str | None) -> JobPriority:
-    try:
-        return JobPriority(value or JobPriority.NORMAL)
-    except ValueError:
-        return JobPriority.NORMAL
-
-
-def _send_or_leave(job_id: str, queue: str, priority: JobPriority = JobPriority.NORMAL) -> bool:
-    """Send a queued job's message; on a broker error, log it: the row says it was sent now, so a later
-    reaper pass sends it again once it is older than the stale limit."""
-    try:
-        send(job_id, queue=queue, priority=priority)
-    except Exception as exc:
-        log.error("could not send a job's message; a later reaper pass re-sends it", job_id=job_id,
-                  error=describe(exc))
-        return False
-    return True
-
-
-def _reaper_loop(interval: float, alive_file: Path | None) -> None:
-    while True:
-        time.sleep(interval)
-        try:
-            reap_once()
-        except Exception as exc:
-            if is_infrastructure_error(exc):  # the next pass retries; no traceback for an outage
-                forget_dead_connections(exc)
-                log.warning("reaper pass skipped: database unavailable", error=describe(exc))
-            else:
-                log.error("reaper pass failed", traceback=traceback.format_exc())
-            continue
-        if alive_file is not None:
-            touch(alive_file)  # the container healthcheck (worker.health) reads its age
-
-
 def refuse_to_start(reason: str) -> None:
     """One line on the real stderr (Celery has not redirected it yet) and a non-zero exit."""
     print(f"gpuest worker: refusing to start: {reason}", file=sys.__stderr__, flush=True)
@@ -670,7 +552,7 @@ def _start_reaper(**_kwargs: Any) -> None:
     if settings.worker_alive_file is not None:
         touch(settings.worker_alive_file)
     threading.Thread(
-        target=_reaper_loop, args=(settings.reaper_interval_seconds, settings.worker_alive_file),
+        target=reaper.reaper_loop, args=(settings.reaper_interval_seconds, settings.worker_alive_file),
         name="gpuest-reaper", daemon=True,
     ).start()
     # Webhook deliveries (issue 16) in their own thread: a slow receiver must not hold up the reaper's rescues.

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from core.settings import get_settings
 from kernels.registry import get_kind
-from store import jobs as job_store
+from store import work
 from store.artifacts import pending_outcome_path
 from store.db import session_scope
 from store.models import Job, utcnow
@@ -38,7 +38,8 @@ from tests.worker.conftest import (
 )
 from worker import infra
 from worker.infra import InfrastructureUnavailable, retry_infrastructure
-from worker.tasks import execute_job, reap_once
+from worker.reaper import reap_once
+from worker.tasks import execute_job
 
 POSTGRES = [pytest.param("servers", marks=pytest.mark.servers)]
 
@@ -127,8 +128,9 @@ def test_broker_errors_are_infrastructure() -> None:
 
 
 def failing_for(monkeypatch: pytest.MonkeyPatch, name: str, failures: int | None) -> list[int]:
-    """``store.jobs.<name>`` raises a dropped connection for its first ``failures`` calls (None: always)."""
-    real = getattr(job_store, name)
+    """``store.work.<name>`` (the lifecycle of jobs and chunks) raises a dropped connection for its first
+    ``failures`` calls (None: always)."""
+    real = getattr(work, name)
     calls = [0]
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
@@ -137,7 +139,7 @@ def failing_for(monkeypatch: pytest.MonkeyPatch, name: str, failures: int | None
             raise dropped_connection(f"{name.upper()} jobs ... [host db.internal:5432 pid 4242]")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(job_store, name, flaky)
+    monkeypatch.setattr(work, name, flaky)
     return calls
 
 
@@ -298,7 +300,7 @@ def test_terminated_backend_under_a_worker_statement_is_survived(
 ) -> None:
     """pg_terminate_backend of the very connection the worker is about to run ``operation`` on (the issue's
     failure: a progress UPDATE on a terminated connection failed the job)."""
-    real = getattr(job_store, operation)
+    real = getattr(work, operation)
     terminated: list[int] = []
 
     def on_a_terminated_connection(session: Session, *args: Any, **kwargs: Any) -> Any:
@@ -308,7 +310,7 @@ def test_terminated_backend_under_a_worker_statement_is_survived(
             terminated.append(pid)
         return real(session, *args, **kwargs)
 
-    monkeypatch.setattr(job_store, operation, on_a_terminated_connection)
+    monkeypatch.setattr(work, operation, on_a_terminated_connection)
     job_id = submit(SMALL)
     assert execute_job(job_id, worker="w1") == "succeeded"
     assert len(terminated) == 2 and terminated[0] != terminated[1]

@@ -30,8 +30,9 @@ from store.models import JobChunk
 from tests.worker.conftest import WorkerProcess, comparable, load, wait_for
 from tests.worker.test_worker_fanout import chunks_of, finished, start_workers
 from worker import fanout, reaper
+from worker.dataset_loader import dataset_loader
+from worker.execute import execute_job
 from worker.progress import JobProgress
-from worker.tasks import dataset_loader, execute_job
 
 KIND = "crve_bootstrap"
 # 20,000 rows without clusters: 20,000 bootstrap clusters; a NumPy worker computes chunks of

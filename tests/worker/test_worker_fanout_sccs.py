@@ -31,9 +31,10 @@ from tests.kernels.sccs.test_sccs_chunks import comparable, frames
 from tests.worker.conftest import WorkerProcess, load, wait_for
 from tests.worker.test_worker_fanout import chunks_of, finished, start_workers
 from worker import fanout, reaper
+from worker.dataset_loader import dataset_loader
 from worker.device import job_cache
+from worker.execute import execute_job
 from worker.progress import JobProgress
-from worker.tasks import dataset_loader, execute_job
 
 pytestmark = pytest.mark.slow
 

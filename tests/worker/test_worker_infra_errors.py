@@ -37,9 +37,9 @@ from tests.worker.conftest import (
     wait_for,
 )
 from worker import infra
+from worker.execute import execute_job
 from worker.infra import InfrastructureUnavailable, retry_infrastructure
 from worker.reaper import reap_once
-from worker.tasks import execute_job
 
 POSTGRES = [pytest.param("servers", marks=pytest.mark.servers)]
 
@@ -183,7 +183,7 @@ def must_not_run(_params: Any, _ctx: Any) -> Any:
 
 def forbid_running_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     real = get_kind(KIND)
-    monkeypatch.setattr("worker.tasks.get_kind", lambda _name: dataclasses.replace(real, run=must_not_run))
+    monkeypatch.setattr("worker.execute.get_kind", lambda _name: dataclasses.replace(real, run=must_not_run))
 
 
 def make_silent(job_id: str, **values: Any) -> None:
@@ -240,7 +240,7 @@ def test_a_database_error_raised_through_the_kernel_hands_the_job_back(stack_env
 
     job_id = submit(SMALL)
     with pytest.MonkeyPatch.context() as outage:
-        outage.setattr("worker.tasks.get_kind", lambda _name: dataclasses.replace(real, run=runner_hit_by_an_outage))
+        outage.setattr("worker.execute.get_kind", lambda _name: dataclasses.replace(real, run=runner_hit_by_an_outage))
         assert execute_job(job_id, worker="w1") is None
     job = load(job_id)
     # Back in the queue with its attempt given back, for the next worker; no error for the user.
@@ -257,7 +257,7 @@ def test_users_see_a_code_and_message_never_the_internals(
     def buggy(_params: Any, _ctx: Any) -> Any:
         raise RuntimeError("cannot open /srv/gpuest/var/cuda-cache/x.cubin on gpu-host-7:31337")
 
-    monkeypatch.setattr("worker.tasks.get_kind", lambda _name: dataclasses.replace(real, run=buggy))
+    monkeypatch.setattr("worker.execute.get_kind", lambda _name: dataclasses.replace(real, run=buggy))
     job_id = submit(SMALL)
     assert execute_job(job_id, worker="gpu-host-7:31337:abcd") == "failed"
     error = load(job_id).error
@@ -269,7 +269,7 @@ def test_users_see_a_code_and_message_never_the_internals(
     def not_converged(_params: Any, _ctx: Any) -> Any:
         raise ValueError("policy step did not converge in 500 iterations; raise max_policy_iterations")
 
-    monkeypatch.setattr("worker.tasks.get_kind", lambda _name: dataclasses.replace(real, run=not_converged))
+    monkeypatch.setattr("worker.execute.get_kind", lambda _name: dataclasses.replace(real, run=not_converged))
     job_id = submit(SMALL)
     assert execute_job(job_id, worker="w1") == "failed"
     error = load(job_id).error

@@ -20,8 +20,8 @@ from store import jobs as job_store
 from store.db import session_scope
 from store.models import Job, utcnow
 from tests.worker.conftest import LONG, SMALL, comparable, load, reference_result, submit, wait_for
+from worker.execute import execute_job
 from worker.reaper import reap_once
-from worker.tasks import execute_job
 
 
 def test_job_runs_to_success_with_device_and_timings(stack_env: dict[str, str]) -> None:
@@ -62,7 +62,7 @@ def test_kernel_error_fails_the_job_with_a_readable_reason(
         ctx.progress(0.0, "starting the kernel")
         raise raised
 
-    monkeypatch.setattr("worker.tasks.get_kind", lambda name: dataclasses.replace(real, run=failing_run))
+    monkeypatch.setattr("worker.execute.get_kind", lambda name: dataclasses.replace(real, run=failing_run))
     job_id = submit(SMALL)
     assert execute_job(job_id, worker="w1") == "failed"
     job = load(job_id)

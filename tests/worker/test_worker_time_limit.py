@@ -18,7 +18,7 @@ from store.db import session_scope
 from tests.kinds import sleepy
 from tests.worker.conftest import SMALL, load, submit
 from worker import fanout
-from worker.tasks import execute_job
+from worker.execute import execute_job
 from worker.time_limit import (
     TIME_LIMIT_CODE,
     Deadline,

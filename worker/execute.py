@@ -354,7 +354,7 @@ def _run(
 
 
 def cpu_work_cap_problem(placement: Placement, params: dict[str, Any], dataset_ids: Mapping[str, str]) -> str | None:
-    """The operator's CPU cap (``cpu_max_work``, issue 16), for a job placed on NumPy: the message when its
+    """The operator's CPU cap (``cpu_max_work``), for a job placed on NumPy: the message when its
     work (kernels/work.py) passes its kind's cap. The API refuses such jobs at submission where it knows they
     run on CPU; this is the worker's own check for the rest (GPUEST_DEVICE=auto with servers)."""
     caps = get_settings().cpu_max_work

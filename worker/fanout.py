@@ -324,8 +324,8 @@ def execute_chunk(chunk_id: str, worker: str, end_process: Callable[[], None] = 
         # A failed chunk fails its job now (the others stop at their next checkpoint); the last chunk to succeed
         # ends its job or hands it over to be finished without waiting for the chord's callback (which then
         # finds it done): where the result backend cannot count parts, celery.chord_unlock polls them, and the
-        # callback came 0.25 s after the last chunk (issue 19). Each worker reads after storing its own chunk, so
-        # of two chunks ending together the later sees both.
+        # callback comes late. Each worker reads after storing its own chunk, so of two chunks ending together the
+        # later sees both.
         settle_quietly(claimed.job_id)
     return status if recorded else None
 

@@ -98,7 +98,7 @@ def _prepare_worker(**_kwargs: Any) -> None:
     try:
         backend.get_namespace()
     except (GPUUnavailableError, ValueError) as exc:
-        # A worker that reports healthy and then fails every job helps no one (issue 16): GPUEST_DEVICE=gpu
+        # A worker that reports healthy and then fails every job helps no one: GPUEST_DEVICE=gpu
         # on a host where CuPy sees no GPU (no driver, no device passed to the container) stops here.
         refuse_to_start(f"{exc} (set GPUEST_DEVICE=cpu or auto to compute on the CPU)")
     # Import every kernel module now rather than inside the first job (seconds of SciPy and pandas imports
@@ -124,7 +124,7 @@ def _start_reaper(**_kwargs: Any) -> None:
         target=reaper.reaper_loop, args=(settings.reaper_interval_seconds, settings.worker_alive_file),
         name="gpuest-reaper", daemon=True,
     ).start()
-    # Webhook deliveries (issue 16) in their own thread: a slow receiver must not hold up the reaper's rescues.
+    # Webhook deliveries in their own thread: a slow receiver must not hold up the reaper's rescues.
     threading.Thread(target=webhook_loop, args=(settings.webhook_interval_seconds,), name="gpuest-webhooks",
                      daemon=True).start()
     log.info("worker ready", worker=WORKER_ID, device=_default_device(), queue=settings.queue)

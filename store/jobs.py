@@ -296,7 +296,7 @@ def _priority_rank() -> Any:
 def queued_job_before(session: Session, job_id: str, *, queue: str) -> str | None:
     """The queued job of ``queue`` that should run before ``job_id``: the oldest of the highest priority above
     ``job_id``'s, or None. The broker's order is only a hint (kombu's SQLAlchemy transport has no priorities;
-    Redis's are approximate); a worker handed ``job_id`` runs this one instead (see worker.tasks)."""
+    Redis's are approximate); a worker handed ``job_id`` runs this one instead (see worker.execute)."""
     mine = session.scalar(select(Job.priority).where(Job.id == job_id))
     if mine is None:
         return None

@@ -133,6 +133,14 @@ def finish_event(session: Session, job_id: str, status: JobStatus | str, error: 
         add_event(session, job_id, EventType(status.value), str(status.value))
 
 
+def finish_once(session: Session, model: WorkModel, row_id: str, *, worker: str, status: JobStatus,
+                **values: Any) -> bool:
+    """:func:`finish` as a retried call: True also where an earlier try was committed before the connection
+    dropped under it (the work already ended with ``status`` in ``worker``'s hands)."""
+    return (finish(session, model, row_id, worker=worker, status=status, **values)
+            or finished_by(session, model, row_id, worker=worker, status=status))
+
+
 def finished_by(session: Session, model: WorkModel, row_id: str, *, worker: str, status: JobStatus) -> bool:
     """Whether the work already ended with ``status`` in the hands of ``worker``: how a retried :func:`finish`
     learns that its earlier try was committed before the connection dropped under it."""

@@ -33,6 +33,7 @@ from kernels.progress import JobCancelled
 from kernels.registry import JobKind, get_kind
 from kernels.work import cap_problem
 from store import jobs as job_store
+from store import work
 from store.artifacts import discard_pending_outcome, load_pending_outcome, save_pending_outcome
 from store.datasets import get_dataset
 from store.db import session_scope
@@ -46,13 +47,13 @@ from worker.infra import (
     is_infrastructure_error,
     retry_infrastructure,
 )
-from worker.progress import Heartbeat, JobProgress, WorkerStopping, worker_stopping
+from worker.progress import JobProgress, WorkerStopping, worker_stopping
+from worker.supervision import supervised
 from worker.time_limit import (
     TIME_LIMIT_CODE,
     TIME_LIMIT_ERROR_TYPE,
-    Deadline,
+    TimeLimit,
     TimeLimitExceeded,
-    Watchdog,
     end_worker_process,
     limit_for,
 )
@@ -170,12 +171,10 @@ def execute_job(job_id: str, worker: str = WORKER_ID,
 
     limit = None if claimed.placement.kind is None else limit_for(claimed.placement.kind, claimed.params,
                                                                     claimed.dataset_ids)
-    deadline = Deadline(limit)
-    progress = JobProgress(job_id, worker, deadline=deadline)
     started = time.perf_counter()
-    with Heartbeat(job_id, worker, settings.heartbeat_seconds) as heartbeat, Watchdog(
-            deadline, lambda: _hard_time_limit(job_id, worker, deadline, heartbeat, claimed, end_process)):
-        outcome = _run(job_id, claimed.placement, claimed.params, claimed.dataset_ids, progress, claimed.queue)
+    with supervised(Job, job_id, worker, limit, lambda limit, seconds: _hard_time_limit(
+            job_id, worker, limit, seconds, claimed, end_process)) as run:
+        outcome = _run(job_id, claimed.placement, claimed.params, claimed.dataset_ids, run.progress, claimed.queue)
     run_seconds = time.perf_counter() - started
     if outcome.status == JobStatus.RUNNING:  # fanned out: its chunks run on, the chord's callback ends it
         return JobStatus.RUNNING
@@ -184,17 +183,15 @@ def execute_job(job_id: str, worker: str = WORKER_ID,
         return _give_back(job_id, worker, claimed.queue, outcome, run_seconds)
     # Worker-side seconds only: the kernel's per-stage timings are in the result (result["timings"]).
     timings = {"queue_wait": claimed.queue_wait, "run": run_seconds}
-    return _store_outcome(job_id, worker, dataclasses.replace(outcome, timings=timings, artifacts=progress.artifacts))
+    return _store_outcome(job_id, worker, dataclasses.replace(outcome, timings=timings,
+                                                                artifacts=run.progress.artifacts))
 
 
-def _hard_time_limit(job_id: str, worker: str, deadline: Deadline, heartbeat: Heartbeat, claimed: ClaimedJob,
+def _hard_time_limit(job_id: str, worker: str, limit: TimeLimit, run_seconds: float, claimed: ClaimedJob,
                      end_process: Callable[[], None]) -> None:
-    """The watchdog's action: the job ran past its hard time limit without reaching a checkpoint. Its heartbeat
-    stops, it is recorded as failed (not re-queued: it would hang again) and the worker process ends."""
-    assert deadline.limit is not None
-    heartbeat.stop()
-    run_seconds = time.monotonic() - deadline.started
-    outcome = _failed(job_id, TIME_LIMIT_CODE, TIME_LIMIT_ERROR_TYPE, deadline.limit.message(hard=True))
+    """The watchdog's action: the job ran past its hard time limit without reaching a checkpoint (its heartbeat
+    has stopped). It is recorded as failed (not re-queued: it would hang again) and the worker process ends."""
+    outcome = _failed(job_id, TIME_LIMIT_CODE, TIME_LIMIT_ERROR_TYPE, limit.message(hard=True))
     timings = {"queue_wait": claimed.queue_wait, "run": run_seconds}
     try:
         _store_outcome(job_id, worker, dataclasses.replace(outcome, timings=timings))
@@ -284,11 +281,8 @@ def _store_outcome(job_id: str, worker: str, outcome: Outcome) -> JobStatus | No
 def _finish(job_id: str, worker: str, outcome: Outcome) -> bool:
     assert outcome.status is not None
     with session_scope() as session:
-        if job_store.finish(session, job_id, worker=worker, status=outcome.status, result=outcome.result,
-                            error=outcome.error, timings=outcome.timings, artifacts=outcome.artifacts):
-            return True
-        # A retry: the earlier try may have been committed before the connection dropped under it.
-        return job_store.finished_by(session, job_id, worker=worker, status=outcome.status)
+        return work.finish_once(session, Job, job_id, worker=worker, status=outcome.status, result=outcome.result,
+                                error=outcome.error, timings=outcome.timings, artifacts=outcome.artifacts)
 
 
 def _settled(job_id: str) -> bool:

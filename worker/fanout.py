@@ -64,8 +64,9 @@ from store.models import Job, JobChunk, utcnow
 from worker.dataset_loader import dataset_loader
 from worker.device import job_cache, worker_device
 from worker.infra import InfrastructureUnavailable, describe, is_infrastructure_error, retry_infrastructure
-from worker.progress import Heartbeat, JobProgress, WorkerStopping, worker_stopping
-from worker.time_limit import TIME_LIMIT_CODE, Deadline, TimeLimitExceeded, Watchdog, end_worker_process, limit_for
+from worker.progress import WorkerStopping, worker_stopping
+from worker.supervision import supervised
+from worker.time_limit import TIME_LIMIT_CODE, TimeLimit, TimeLimitExceeded, end_worker_process, limit_for
 
 log = structlog.get_logger("gpuest.worker")
 
@@ -282,15 +283,14 @@ def execute_chunk(chunk_id: str, worker: str, end_process: Callable[[], None] = 
     if claimed is None:
         return None
     log.info("chunk started", job_id=claimed.job_id, chunk=claimed.index, worker=worker)
-    deadline = Deadline(limit_for(claimed.kind, claimed.params, claimed.dataset_ids))
-    # The job's cache stays after the chunk: this worker may claim the job's finish next (same inputs).
-    progress = JobProgress(chunk_id, worker, deadline=deadline, model=JobChunk)
-    ctx = RunContext(claimed.xp, progress, dataset_loader(claimed.dataset_ids),
-                     dataset_fields=tuple(claimed.dataset_ids), cache=job_cache.enter(claimed.job_id))
+    limit = limit_for(claimed.kind, claimed.params, claimed.dataset_ids)
     started = time.perf_counter()
     status, output, error = JobStatus.SUCCEEDED, None, None
-    with Heartbeat(chunk_id, worker, settings.heartbeat_seconds, model=JobChunk) as heartbeat, Watchdog(
-            deadline, lambda: _chunk_hard_time_limit(chunk_id, worker, claimed, deadline, heartbeat, end_process)):
+    with supervised(JobChunk, chunk_id, worker, limit, lambda limit, seconds: _chunk_hard_time_limit(
+            chunk_id, worker, claimed, limit, seconds, end_process)) as run:
+        # The job's cache stays after the chunk: this worker may claim the job's finish next (same inputs).
+        ctx = RunContext(claimed.xp, run.progress, dataset_loader(claimed.dataset_ids),
+                         dataset_fields=tuple(claimed.dataset_ids), cache=job_cache.enter(claimed.job_id))
         try:
             spec = claimed.kind.params_model.model_validate(claimed.params)
             output = SPLITS[claimed.kind.name].run(spec, ctx, claimed.spec)
@@ -307,9 +307,8 @@ def execute_chunk(chunk_id: str, worker: str, end_process: Callable[[], None] = 
 
     def finish() -> bool:
         with session_scope() as session:
-            return (work.finish(session, JobChunk, chunk_id, worker=worker, status=status, result=output,
-                                error=error, timings=timings)
-                    or work.finished_by(session, JobChunk, chunk_id, worker=worker, status=status))
+            return work.finish_once(session, JobChunk, chunk_id, worker=worker, status=status, result=output,
+                                    error=error, timings=timings)
 
     try:
         recorded = retry_infrastructure(finish, what="store a chunk", job_id=chunk_id,
@@ -330,13 +329,11 @@ def execute_chunk(chunk_id: str, worker: str, end_process: Callable[[], None] = 
     return status if recorded else None
 
 
-def _chunk_hard_time_limit(chunk_id: str, worker: str, claimed: ClaimedChunk, deadline: Deadline,
-                           heartbeat: Heartbeat, end_process: Callable[[], None]) -> None:
-    """The watchdog's action for a chunk past its hard time limit: its heartbeat stops, it is recorded as failed
-    (its job fails with it) and the worker process ends."""
-    assert deadline.limit is not None
-    heartbeat.stop()
-    error = {**deadline.limit.error(hard=True), "correlation_id": uuid.uuid4().hex}
+def _chunk_hard_time_limit(chunk_id: str, worker: str, claimed: ClaimedChunk, limit: TimeLimit, run_seconds: float,
+                           end_process: Callable[[], None]) -> None:
+    """The watchdog's action for a chunk past its hard time limit (its heartbeat has stopped): it is recorded as
+    failed (its job fails with it) and the worker process ends."""
+    error = {**limit.error(hard=True), "correlation_id": uuid.uuid4().hex}
     error["message"] = f"chunk {claimed.index}: {error['message']}"[:MAX_MESSAGE_CHARS]
     log.error("chunk ran past its hard time limit", job_id=claimed.job_id, chunk=claimed.index,
               correlation_id=error["correlation_id"])
@@ -344,7 +341,7 @@ def _chunk_hard_time_limit(chunk_id: str, worker: str, claimed: ClaimedChunk, de
     def finish() -> bool:
         with session_scope() as session:
             return work.finish(session, JobChunk, chunk_id, worker=worker, status=JobStatus.FAILED, error=error,
-                                            timings={"run": time.monotonic() - deadline.started})
+                               timings={"run": run_seconds})
 
     try:
         if retry_infrastructure(finish, what="store a chunk", job_id=chunk_id,

@@ -195,6 +195,33 @@ class Settings(BaseSettings):
         120.0, gt=0, description="How long a worker retries storing a finished job's outcome (kept on disk meanwhile) "
         "before leaving it to the job's next run"
     )
+    # a time limit per job (worker/time_limit.py): a hung kernel frees its device
+    time_limit_factor: float = Field(
+        10.0, ge=0, description="A job's soft time limit is this many times its estimated run time (its kind's "
+        "work estimate, kernels/work.py, over the kind's throughput); past it the job's next progress checkpoint "
+        "fails it with error code time_limit; 0: no time limits",
+    )
+    time_limit_work_per_second: dict[str, float] = Field(
+        default_factory=dict, description='Work units a second a worker computes, per kind, as JSON: '
+        '{"crve_montecarlo": 1e9} (units in kernels/work.py); kinds not named use '
+        "time_limit_default_work_per_second",
+    )
+    time_limit_default_work_per_second: float = Field(
+        1e7, gt=0, description="Work units a second assumed for a kind not in time_limit_work_per_second (a slow "
+        "CPU's pace, so that the soft limit errs long)",
+    )
+    time_limit_min_seconds: float = Field(
+        1800.0, gt=0, description="Shortest soft time limit of a job (a small job's estimate is noise)"
+    )
+    time_limit_max_seconds: float = Field(
+        43_200.0, gt=0, description="Longest soft time limit of a job, and the limit of a kind without a work "
+        "estimate",
+    )
+    time_limit_grace_seconds: float = Field(
+        60.0, gt=0, description="The hard time limit follows the soft one by this much: a job that reached no "
+        "progress checkpoint by then is failed with error code time_limit and its worker process exits (freeing "
+        "the device; its supervisor restarts it)",
+    )
 
     @model_validator(mode="after")
     def _former_fanout_thresholds(self) -> Settings:

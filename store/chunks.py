@@ -1,6 +1,7 @@
-"""Chunks of a job fanned out over workers (issue 19): rows with the life of a job, one per part of the job's
-Celery chord. Every transition is one conditional UPDATE, as for jobs (store/jobs.py), so a redelivered
-message, a reaper and a finishing worker racing on one chunk have one winner.
+"""Chunks of a job fanned out over workers: a row per part of the job's Celery chord, work with a parent. Their
+lifecycle (claim, progress, heartbeat, finish, release, re-queue, re-send) is the jobs' one, store/work.py; this
+module holds what only a fan-out has: the hand-over of a job to its chunks and back, its chunks' reads, the job's
+progress as its chunks' mean.
 
 The parent job stays ``running`` while its chunks run, held by the marker worker ``chunks:<group id>``
 instead of a worker process: its own heartbeat is not watched (the reaper watches the chunks'), and the
@@ -11,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, defer
 
 from core.status import TERMINAL_STATUSES, JobStatus
-from store.events import EventLevel, EventType, add_event
+from store.events import EventType, add_event
 from store.models import Job, JobChunk, new_id, utcnow
 
 FANOUT_WORKER_PREFIX = "chunks:"
@@ -87,46 +88,8 @@ def is_fanned_out(session: Session, job_id: str) -> bool:
     return session.scalar(select(func.count()).select_from(JobChunk).where(JobChunk.job_id == job_id)) != 0
 
 
-def claim_chunk(session: Session, chunk_id: str, *, worker: str, device: str) -> bool:
-    """queued -> running for ``worker``; False when another claim came first or the chunk is settled."""
-    now = utcnow()
-    return session.execute(
-        update(JobChunk)
-        .where(JobChunk.id == chunk_id, JobChunk.status == JobStatus.QUEUED)
-        .values(status=JobStatus.RUNNING, worker=worker, device=device, attempts=JobChunk.attempts + 1,
-                started_at=now, heartbeat_at=now, progress=0.0)
-        .execution_options(synchronize_session=False)
-    ).rowcount == 1
-
-
-def chunk_heartbeat(session: Session, chunk_id: str, *, worker: str) -> None:
-    session.execute(
-        update(JobChunk)
-        .where(JobChunk.id == chunk_id, JobChunk.status == JobStatus.RUNNING, JobChunk.worker == worker)
-        .values(heartbeat_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
-
-
-def record_chunk_progress(session: Session, chunk_id: str, *, worker: str, progress: float) -> bool:
-    """The chunk's progress and heartbeat, and its job's progress (the chunks' mean, weighted by their
-    size); returns whether the chunk must stop (its job's cancel was requested, its job ended because another
-    chunk failed, or the chunk is no longer ours)."""
-    updated = session.execute(
-        update(JobChunk)
-        .where(JobChunk.id == chunk_id, JobChunk.status == JobStatus.RUNNING, JobChunk.worker == worker)
-        .values(heartbeat_at=utcnow(), progress=max(0.0, min(1.0, progress)))
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    if updated != 1:
-        return True
-    job_id = session.scalar(select(JobChunk.job_id).where(JobChunk.id == chunk_id))
-    _update_job_progress(session, job_id)
-    job = session.execute(select(Job.status, Job.cancel_requested).where(Job.id == job_id)).first()
-    return job is None or job.status != JobStatus.RUNNING or bool(job.cancel_requested)
-
-
-def _update_job_progress(session: Session, job_id: str) -> None:
+def update_job_progress(session: Session, job_id: str) -> None:
+    """A fanned-out job's progress: its chunks' mean, weighted by their size (and its heartbeat and stage)."""
     rows = session.execute(select(JobChunk.progress, JobChunk.spec).where(JobChunk.job_id == job_id)).all()
     sizes = [max(1, int((spec or {}).get("size", 1))) for _, spec in rows]
     done = sum(progress * size for (progress, _), size in zip(rows, sizes, strict=True))
@@ -137,108 +100,6 @@ def _update_job_progress(session: Session, job_id: str) -> None:
         .values(progress=done / max(1, sum(sizes)), heartbeat_at=utcnow(), stage=f"chunks {finished}/{len(rows)}")
         .execution_options(synchronize_session=False)
     )
-
-
-def finish_chunk(
-    session: Session,
-    chunk_id: str,
-    *,
-    worker: str,
-    status: JobStatus,
-    output: dict[str, Any] | None = None,
-    error: dict[str, Any] | None = None,
-    timings: dict[str, Any] | None = None,
-) -> bool:
-    """running -> a terminal status, only for the worker that holds the chunk."""
-    if status not in TERMINAL_STATUSES:
-        raise ValueError(f"not a terminal status: {status}")
-    values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "error": error, "timings": timings or {}}
-    if status == JobStatus.SUCCEEDED:
-        values.update(output=output, progress=1.0)
-    updated = session.execute(
-        update(JobChunk)
-        .where(JobChunk.id == chunk_id, JobChunk.status == JobStatus.RUNNING, JobChunk.worker == worker)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    if updated == 1:
-        job_id = session.scalar(select(JobChunk.job_id).where(JobChunk.id == chunk_id))
-        _update_job_progress(session, job_id)
-    return updated == 1
-
-
-def chunk_finished_by(session: Session, chunk_id: str, *, worker: str, status: JobStatus) -> bool:
-    """Whether the chunk already ended with ``status`` in ``worker``'s hands (a retried finish)."""
-    row = session.execute(select(JobChunk.status, JobChunk.worker).where(JobChunk.id == chunk_id)).first()
-    return row is not None and row.status == status and row.worker == worker
-
-
-def release_chunk(session: Session, chunk_id: str, *, worker: str) -> bool:
-    """running -> queued for a stopping worker (warm shutdown), the attempt given back, sent now."""
-    updated = session.execute(
-        update(JobChunk)
-        .where(JobChunk.id == chunk_id, JobChunk.status == JobStatus.RUNNING, JobChunk.worker == worker)
-        .values(status=JobStatus.QUEUED, worker=None, attempts=JobChunk.attempts - 1, progress=0.0,
-                enqueued_at=utcnow())
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    return updated == 1
-
-
-def stale_running_chunks(session: Session, *, stale_after: timedelta, now: datetime | None = None) -> list[JobChunk]:
-    cutoff = (now or utcnow()) - stale_after
-    return list(session.scalars(
-        select(JobChunk).where(JobChunk.status == JobStatus.RUNNING, JobChunk.heartbeat_at < cutoff)
-    ).all())  # fmt: skip
-
-
-def requeue_or_fail_stale_chunk(session: Session, chunk: JobChunk, *, max_attempts: int) -> JobStatus | None:
-    """A chunk whose worker went silent goes back to the queue alone (its job and the other chunks run on),
-    or fails once its attempts are spent. Returns the new status, or None when another party came first."""
-    if chunk.attempts >= max_attempts:
-        new_status = JobStatus.FAILED
-        values: dict[str, Any] = {"finished_at": utcnow(), "error": {
-            "type": "WorkerLost", "code": "worker_lost",
-            "message": f"the worker running chunk {chunk.chunk_index} of this job stopped responding "
-                       f"{chunk.attempts} time(s); giving up",
-        }}  # fmt: skip
-    else:
-        new_status = JobStatus.QUEUED
-        values = {"worker": None, "progress": 0.0, "enqueued_at": utcnow()}
-    updated = session.execute(
-        update(JobChunk)
-        .where(JobChunk.id == chunk.id, JobChunk.status == JobStatus.RUNNING,
-               JobChunk.heartbeat_at == chunk.heartbeat_at)
-        .values(status=new_status, **values)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    if updated != 1:
-        return None
-    what = "requeued alone" if new_status == JobStatus.QUEUED else "failed"
-    add_event(session, chunk.job_id, EventType.REQUEUED if new_status == JobStatus.QUEUED else EventType.WARNING,
-              f"chunk {chunk.chunk_index}: the worker running attempt {chunk.attempts} stopped responding; {what}",
-              level=EventLevel.WARNING, data={"chunk": chunk.chunk_index, "worker": chunk.worker})
-    return new_status
-
-
-def lost_queued_chunks(session: Session, *, queue: str, not_sent_for: timedelta) -> list[JobChunk]:
-    """Queued chunks of ``queue`` whose last message is older than ``not_sent_for``."""
-    cutoff = utcnow() - not_sent_for
-    return list(session.scalars(
-        select(JobChunk).where(JobChunk.status == JobStatus.QUEUED, JobChunk.queue == queue,
-                               JobChunk.enqueued_at < cutoff)
-    ).all())  # fmt: skip
-
-
-def mark_chunk_resent(session: Session, chunk_id: str, *, not_sent_for: timedelta) -> bool:
-    """Stamp a new send time on a queued chunk still unsent for ``not_sent_for``; one reaper wins."""
-    cutoff = utcnow() - not_sent_for
-    return session.execute(
-        update(JobChunk)
-        .where(JobChunk.id == chunk_id, JobChunk.status == JobStatus.QUEUED, JobChunk.enqueued_at < cutoff)
-        .values(enqueued_at=utcnow())
-        .execution_options(synchronize_session=False)
-    ).rowcount == 1
 
 
 def settled_fanouts(session: Session, *, settled_for: timedelta) -> list[str]:

@@ -5,7 +5,7 @@ second copy of a member's state to fall out of step."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
@@ -15,6 +15,8 @@ from sqlalchemy.orm import Session
 from core.status import ACTIVE_STATUSES, TERMINAL_STATUSES, JobPriority, JobStatus
 from store.chunks import delete_chunks
 from store.events import EventType, add_event, delete_events
+from store.group_summary import GroupSummary as GroupSummary  # the API's group routes read it through here
+from store.group_summary import summarize as summarize
 from store.jobs import delete_files_after_commit
 from store.models import Job, JobGroup, utcnow
 from store.webhooks import SubjectType, delete_deliveries
@@ -28,33 +30,6 @@ class MemberSpec:
     params: dict[str, Any]
     dataset_ids: dict[str, str]
     values: dict[str, Any]
-
-
-@dataclass
-class GroupSummary:
-    """The members' state: how many are in each status, and the group's progress (finished members count 1)."""
-
-    counts: dict[str, int] = field(default_factory=dict)
-    progress: float = 0.0
-
-    @property
-    def present(self) -> int:
-        return sum(self.counts.values())
-
-    @property
-    def status(self) -> JobStatus:
-        """queued while every member is; succeeded once all did; failed once all ended and one failed;
-        cancelled once all ended, none failed and one was cancelled; otherwise running."""
-        counts = {JobStatus(status): count for status, count in self.counts.items() if count}
-        if not counts or set(counts) == {JobStatus.QUEUED}:
-            return JobStatus.QUEUED
-        if not set(counts) <= TERMINAL_STATUSES:
-            return JobStatus.RUNNING
-        if JobStatus.FAILED in counts:
-            return JobStatus.FAILED
-        if JobStatus.CANCELLED in counts:
-            return JobStatus.CANCELLED
-        return JobStatus.SUCCEEDED
 
 
 def find_by_idempotency_key(session: Session, owner: str, key: str) -> JobGroup | None:
@@ -146,23 +121,6 @@ def list_groups(session: Session, *, owner: str, limit: int, offset: int) -> tup
 
 def member_ids(session: Session, group_id: str) -> list[str]:
     return list(session.scalars(select(Job.id).where(Job.group_id == group_id).order_by(Job.group_index)).all())
-
-
-def summarize(session: Session, group: JobGroup) -> GroupSummary:
-    """Counts per status and progress of the group's members (deleted members count as done)."""
-    rows = session.execute(
-        select(Job.status, func.count(), func.coalesce(func.sum(Job.progress), 0.0))
-        .where(Job.group_id == group.id)
-        .group_by(Job.status)
-    ).all()
-    counts = {status.value: 0 for status in JobStatus}
-    done = 0.0
-    for status, count, progress_sum in rows:
-        counts[str(status)] = int(count)
-        done += count if status in TERMINAL_STATUSES else float(progress_sum)
-    deleted = max(group.member_count - sum(counts.values()), 0)
-    progress = (done + deleted) / group.member_count if group.member_count else 1.0
-    return GroupSummary(counts=counts, progress=min(max(progress, 0.0), 1.0))
 
 
 def cancel_group(session: Session, group: JobGroup) -> tuple[int, int]:

@@ -1,7 +1,7 @@
-"""Job rows and their lifecycle: every transition is one conditional UPDATE, so a race has one winner.
-
-queued -> running -> succeeded | failed | cancelled; queued -> cancelled; running -> queued (requeued
-after a lost worker, while attempts remain, or released by a worker that is shutting down).
+"""Job rows: creation, listing, cancel, deletion and retention, priorities; their lifecycle (claim, progress,
+heartbeat, finish, release, re-queue of a lost worker's job) is store/work.py's, shared with chunks, and named here
+for jobs. Every transition is one conditional UPDATE, so a race has one winner; a queued job may also be cancelled
+(queued -> cancelled).
 """
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, delete, event, func, or_, select, update
+from sqlalchemy import case, delete, event, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from core.status import ACTIVE_STATUSES, TERMINAL_STATUSES, JobPriority, JobStatus
+from store import work
 from store.artifacts import delete_job_files
-from store.chunks import FANOUT_WORKER_PREFIX, delete_chunks
-from store.events import EventLevel, EventType, add_event, delete_events
+from store.chunks import delete_chunks
+from store.events import EventType, add_event, delete_events
 from store.models import Job, utcnow
 from store.webhooks import SubjectType, delete_deliveries
 
@@ -106,55 +107,17 @@ def count_by_kind_and_status(session: Session) -> list[tuple[str, str, int]]:
 
 
 def claim(session: Session, job_id: str, *, worker: str, device: str, now: datetime | None = None) -> bool:
-    """queued -> running for this worker, started at ``now`` (default: the current time); False when another
-    claim, a cancel or a finish came first."""
-    now = now or utcnow()
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.QUEUED, Job.cancel_requested.is_(False))
-        .values(
-            status=JobStatus.RUNNING,
-            worker=worker,
-            device=device,
-            attempts=Job.attempts + 1,
-            started_at=now,
-            heartbeat_at=now,
-            progress=0.0,
-            stage="starting",
-        )
-        .execution_options(synchronize_session=False)
-    )
-    if result.rowcount != 1:
-        return False
-    attempt = session.scalar(select(Job.attempts).where(Job.id == job_id))
-    add_event(session, job_id, EventType.STARTED, f"started on {device} (attempt {attempt})",
-              data={"worker": worker, "device": device, "attempt": attempt})
-    return True
+    """queued -> running for this worker (store/work.py)."""
+    return work.claim(session, Job, job_id, worker=worker, device=device, now=now)
 
 
 def record_progress(session: Session, job_id: str, *, worker: str, progress: float, stage: str | None) -> bool:
     """Heartbeat plus progress; returns whether the job was asked to cancel (or is no longer ours)."""
-    values: dict[str, Any] = {"heartbeat_at": utcnow(), "progress": max(0.0, min(1.0, progress))}
-    if stage is not None:
-        values["stage"] = stage[:200]
-    updated = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    if updated != 1:
-        return True
-    return bool(session.scalar(select(Job.cancel_requested).where(Job.id == job_id)))
+    return work.record_progress(session, Job, job_id, worker=worker, progress=progress, stage=stage)
 
 
 def heartbeat(session: Session, job_id: str, *, worker: str) -> None:
-    session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
-        .values(heartbeat_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
+    work.heartbeat(session, Job, job_id, worker=worker)
 
 
 def finish(
@@ -168,43 +131,14 @@ def finish(
     timings: dict[str, Any] | None = None,
     artifacts: dict[str, Any] | None = None,
 ) -> bool:
-    """running -> a terminal status, only for the worker that holds the job."""
-    if status not in TERMINAL_STATUSES:
-        raise ValueError(f"not a terminal status: {status}")
-    values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "error": error}
-    if status == JobStatus.SUCCEEDED:
-        values.update(progress=1.0, stage="done", result=result)
-    if timings is not None:
-        values["timings"] = timings
-    if artifacts is not None:
-        values["artifacts"] = artifacts
-    updated = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    if updated == 1:
-        _finish_event(session, job_id, status, error)
-    return updated == 1
-
-
-def _finish_event(session: Session, job_id: str, status: JobStatus | str, error: dict[str, Any] | None) -> None:
-    status = JobStatus(status)
-    if status == JobStatus.FAILED:
-        error = error or {}
-        add_event(session, job_id, EventType.FAILED,
-                  f"failed: {error.get('code') or error.get('type', 'error')}: {error.get('message', '')}",
-                  level=EventLevel.ERROR, data={key: error[key] for key in ("code", "type") if key in error})
-    else:
-        add_event(session, job_id, EventType(status.value), str(status.value))
+    """running -> a terminal status, only for the worker that holds the job (store/work.py)."""
+    return work.finish(session, Job, job_id, worker=worker, status=status, result=result, error=error,
+                       timings=timings, artifacts=artifacts)
 
 
 def finished_by(session: Session, job_id: str, *, worker: str, status: JobStatus) -> bool:
-    """Whether the job already ended with ``status`` in the hands of ``worker``: how a retried :func:`finish`
-    learns that its earlier try was committed before the connection dropped under it."""
-    row = session.execute(select(Job.status, Job.worker).where(Job.id == job_id)).first()
-    return row is not None and row.status == status and row.worker == worker
+    """Whether the job already ended with ``status`` in the hands of ``worker`` (a retried :func:`finish`)."""
+    return work.finished_by(session, Job, job_id, worker=worker, status=status)
 
 
 def is_settled(session: Session, job_id: str) -> bool:
@@ -236,109 +170,29 @@ def request_cancel(session: Session, job_id: str, owner: str) -> Job | None:
 
 
 def stale_running_jobs(session: Session, *, stale_after: timedelta, now: datetime | None = None) -> list[Job]:
-    """Running jobs whose worker went silent. A job fanned out into chunks (store/chunks.py) is held by no
-    worker process: the reaper watches its chunks instead."""
-    cutoff = (now or utcnow()) - stale_after
-    held_by_a_process = or_(Job.worker.is_(None), ~Job.worker.startswith(FANOUT_WORKER_PREFIX))
-    return list(session.scalars(
-        select(Job).where(Job.status == JobStatus.RUNNING, Job.heartbeat_at < cutoff, held_by_a_process)
-    ).all())  # fmt: skip
+    """Running jobs whose worker went silent (a fanned-out job's chunks are watched instead)."""
+    return work.stale_running(session, Job, stale_after=stale_after, now=now)
 
 
 def requeue_or_fail_stale(session: Session, job: Job, *, max_attempts: int,
                           outcome_kept: bool = False) -> JobStatus | None:
-    """Return a job whose worker went silent to the queue, or fail it when its attempts are spent.
-
-    ``outcome_kept``: an earlier run computed the job's outcome but could not store it (it is on disk, see
-    ``store.artifacts.save_pending_outcome``): the job goes back to the queue whatever its attempts, since
-    its next run stores that outcome without computing. Returns the new status, or None when another party
-    changed the job first.
-    """
-    conditions = (Job.id == job.id, Job.status == JobStatus.RUNNING, Job.heartbeat_at == job.heartbeat_at)
-    if job.cancel_requested:
-        new_status, values = JobStatus.CANCELLED, {"finished_at": utcnow(), "stage": "cancelled (worker lost)"}
-    elif job.attempts >= max_attempts and not outcome_kept:
-        new_status = JobStatus.FAILED
-        values = {
-            "finished_at": utcnow(),
-            "error": {
-                "type": "WorkerLost",
-                "code": "worker_lost",
-                "message": f"the worker running this job stopped responding {job.attempts} time(s); giving up",
-            },
-        }
-    else:
-        new_status = JobStatus.QUEUED
-        values = {"worker": None, "stage": "requeued after a lost worker", "progress": 0.0, "enqueued_at": utcnow()}
-    updated = session.execute(
-        update(Job).where(*conditions).values(status=new_status, **values).execution_options(synchronize_session=False)
-    ).rowcount
-    if updated != 1:
-        return None
-    if new_status == JobStatus.FAILED:
-        _finish_event(session, job.id, new_status, values["error"])
-    elif new_status == JobStatus.CANCELLED:
-        add_event(session, job.id, EventType.CANCELLED, "cancelled (its worker was lost)")
-    else:
-        add_event(session, job.id, EventType.REQUEUED, f"requeued: the worker running attempt {job.attempts} stopped "
-                  "responding", level=EventLevel.WARNING, data={"attempt": job.attempts, "worker": job.worker})
-    return new_status
+    """Return a job whose worker went silent to the queue, or fail it when its attempts are spent (store/work.py)."""
+    return work.requeue_or_fail_stale(session, job, max_attempts=max_attempts, outcome_kept=outcome_kept)
 
 
 def release(session: Session, job_id: str, *, worker: str, stage: str) -> bool:
-    """running -> queued for the worker that holds the job, which stops without the run having failed.
-
-    The attempt is given back (a stopped worker is not a failed run, so it must not count towards
-    ``max_attempts``) and the row says a message is being sent now. A job whose cancel was requested is
-    not released: the caller finishes it as cancelled instead.
-    """
-    updated = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.RUNNING, Job.worker == worker, Job.cancel_requested.is_(False))
-        .values(
-            status=JobStatus.QUEUED, worker=None, attempts=Job.attempts - 1, progress=0.0, stage=stage[:200],
-            enqueued_at=utcnow(),
-        )
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    if updated == 1:
-        add_event(session, job_id, EventType.REQUEUED, stage[:200], level=EventLevel.WARNING, data={"worker": worker})
-    return updated == 1
-
-
-def _not_sent_since(cutoff: datetime) -> Any:
-    # Rows from before migration 0002 have no enqueued_at: their creation is the last send we know of.
-    return func.coalesce(Job.enqueued_at, Job.created_at) < cutoff
-
-
-def _on_queue(queue: str) -> Any:
-    # Rows from before migration 0002 have no queue: they were sent to the one queue the service used.
-    return or_(Job.queue == queue, Job.queue.is_(None))
+    """running -> queued for the worker that holds the job, which stops without the run having failed."""
+    return work.release(session, Job, job_id, worker=worker, stage=stage)
 
 
 def queued_job_ids(session: Session, *, queue: str, not_sent_for: timedelta) -> list[str]:
     """Queued jobs of ``queue`` whose last message was sent longer than ``not_sent_for`` ago."""
-    cutoff = utcnow() - not_sent_for
-    return list(
-        session.scalars(
-            select(Job.id).where(Job.status == JobStatus.QUEUED, _on_queue(queue), _not_sent_since(cutoff))
-        ).all()
-    )
+    return work.lost_queued(session, Job, queue=queue, not_sent_for=not_sent_for)
 
 
 def mark_resent(session: Session, job_id: str, *, queue: str, not_sent_for: timedelta) -> bool:
-    """Stamp a new send time on a queued job still unsent for ``not_sent_for``; False when someone else
-    (another worker's reaper, a claim, a cancel) got there first, so only one party sends the message."""
-    cutoff = utcnow() - not_sent_for
-    updated = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.QUEUED, _on_queue(queue), _not_sent_since(cutoff))
-        .values(enqueued_at=utcnow(), queue=queue)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    if updated == 1:
-        add_event(session, job_id, EventType.RESENT, "its queue message was lost; sent again", level=EventLevel.WARNING)
-    return updated == 1
+    """Stamp a new send time on a queued job still unsent for ``not_sent_for``; one party wins."""
+    return work.mark_resent(session, Job, job_id, queue=queue, not_sent_for=not_sent_for)
 
 
 def mark_enqueued(session: Session, job_id: str) -> None:
@@ -442,7 +296,7 @@ def _priority_rank() -> Any:
 def queued_job_before(session: Session, job_id: str, *, queue: str) -> str | None:
     """The queued job of ``queue`` that should run before ``job_id``: the oldest of the highest priority above
     ``job_id``'s, or None. The broker's order is only a hint (kombu's SQLAlchemy transport has no priorities;
-    Redis's are approximate); a worker handed ``job_id`` runs this one instead (see worker.tasks)."""
+    Redis's are approximate); a worker handed ``job_id`` runs this one instead (see worker.execute)."""
     mine = session.scalar(select(Job.priority).where(Job.id == job_id))
     if mine is None:
         return None
@@ -451,7 +305,7 @@ def queued_job_before(session: Session, job_id: str, *, queue: str) -> str | Non
         return None
     return session.scalar(
         select(Job.id)
-        .where(Job.status == JobStatus.QUEUED, _on_queue(queue), Job.priority.in_(above),
+        .where(Job.status == JobStatus.QUEUED, work.on_queue(Job, queue), Job.priority.in_(above),
                Job.cancel_requested.is_(False))
         .order_by(_priority_rank().desc(), Job.created_at, Job.id)
         .limit(1)

@@ -37,6 +37,7 @@ from core.settings import Settings, get_settings
 from core.status import TERMINAL_STATUSES, JobStatus
 from store.db import storable_text
 from store.events import EventLevel, EventType, add_event
+from store.group_summary import summarize
 from store.keys import read_or_create_secret_file
 from store.models import Job, JobGroup, WebhookDelivery, utcnow
 
@@ -243,9 +244,6 @@ def activate_finished(session: Session, settings: Settings, limit: int = 200) ->
 
 def _finished_group_body(session: Session, group: JobGroup, delivery_id: int,
                          settings: Settings) -> dict[str, Any] | None:
-    # Imported here: store.groups deletes groups through store.jobs, which imports this module.
-    from store.groups import summarize
-
     summary = summarize(session, group)
     if summary.present == 0 or summary.status not in TERMINAL_STATUSES:
         return None

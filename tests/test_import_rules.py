@@ -158,3 +158,97 @@ def test_the_family_rule_sees_a_family_import() -> None:
     assert family_imported(Import("worker.x", "kernels.crve.montecarlo_chunks", (), 1)) == "crve"
     assert family_imported(Import("worker.x", "kernels", ("sccs",), 1)) == "sccs"
     assert family_imported(Import("worker.x", "kernels.registry", ("get_kind",), 1)) is None
+
+
+# --- no import cycle --------------------------------------------------------------------------------------
+
+CYCLE_PACKAGES = ("api", "cli", "core", "kernels", "store", "worker", "plots")
+
+
+def _is_type_checking_block(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and (
+        (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+        or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+    )
+
+
+def runtime_imports(source: str, importer: str, is_package: bool = False) -> Iterator[Import]:
+    """The import statements of a module's source that run: every one, at module level or inside a function,
+    except those under ``if TYPE_CHECKING:`` (never executed, so they tie no modules together at runtime)."""
+    pending: list[ast.AST] = [ast.parse(source)]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import):
+            yield from (Import(importer, alias.name, (), node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = _absolute(importer, is_package, node)
+            yield Import(importer, module, tuple(alias.name for alias in node.names), node.lineno)
+        if _is_type_checking_block(node):
+            assert isinstance(node, ast.If)
+            pending.extend(node.orelse)
+        else:
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def _cycle_imports() -> list[Import]:
+    found: list[Import] = []
+    for package in CYCLE_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found.extend(runtime_imports(path.read_text(), module_name(path), path.name == "__init__.py"))
+    return found
+
+
+def module_graph(statements: list[Import]) -> dict[str, set[str]]:
+    """Module -> the project's modules it imports, from every import statement, those inside functions
+    included (they run, later: a cycle behind one still ties the two modules together). A ``from package
+    import name`` counts as an import of ``package.name`` where that is a module of the project."""
+    modules = {statement.importer for statement in statements}
+    graph: dict[str, set[str]] = {module: set() for module in modules}
+    for statement in statements:
+        targets = {f"{statement.module}.{name}" for name in statement.names} & modules
+        if statement.module in modules and not targets:
+            targets = {statement.module}
+        graph[statement.importer] |= targets - {statement.importer}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as the list of its modules (the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target):], target]
+            if target not in state and (cycle := visit(target)) is not None:
+                return cycle
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)) is not None:
+            return cycle
+    return None
+
+
+def test_the_cycle_check_finds_a_cycle_behind_an_import_inside_a_function() -> None:
+    module_b = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pkg.c import C\n"
+        "def load():\n    from . import a\n    return a\n"
+    )
+    statements = [*runtime_imports("from pkg.b import load\n", "pkg.a"), *runtime_imports(module_b, "pkg.b"),
+                  *runtime_imports("import pkg.b\n", "pkg.c")]
+    graph = module_graph(statements)
+    assert graph == {"pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}, "pkg.c": {"pkg.b"}}
+    assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.a"]
+    assert find_cycle({"pkg.a": {"pkg.b"}, "pkg.b": set()}) is None
+
+
+def test_no_import_cycle_between_modules() -> None:
+    cycle = find_cycle(module_graph(_cycle_imports()))
+    assert cycle is None, f"import cycle (place the shared piece in a module below both): {' -> '.join(cycle or [])}"

@@ -35,13 +35,14 @@ import json
 import time
 import traceback
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import ModuleType
 from typing import Any
 
 import structlog
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 import core.queue
@@ -55,18 +56,20 @@ from kernels.registry import SPLITS, JobKind, get_kind
 from kernels.spec import JobParams, ResultModel
 from store import chunks as chunk_store
 from store import jobs as job_store
+from store import work
 from store.db import session_scope
 from store.models import Job, JobChunk, utcnow
-from worker.dataset_rows import dataset_rows
+from worker.dataset_loader import dataset_loader, dataset_rows
 from worker.device import job_cache, worker_device
 from worker.infra import InfrastructureUnavailable, describe, is_infrastructure_error, retry_infrastructure
-from worker.progress import Heartbeat, WorkerStopping, worker_stopping
+from worker.progress import WorkerStopping, worker_stopping
+from worker.supervision import supervised
+from worker.time_limit import TIME_LIMIT_CODE, TimeLimit, TimeLimitExceeded, end_worker_process, limit_for
 
 log = structlog.get_logger("gpuest.worker")
 
 RUN_CHUNK_TASK = "gpuest.run_chunk"
 REDUCE_TASK = "gpuest.reduce_chunks"
-PROGRESS_INTERVAL_SECONDS = 0.5
 CHORD_UNLOCK_INTERVAL_SECONDS = 0.2
 MAX_MESSAGE_CHARS = 2000
 
@@ -165,55 +168,13 @@ class ClaimedChunk:
     xp: ModuleType
 
 
-class ChunkProgress:
-    """Progress of a chunk (and so of its job), at most every half second; raises :class:`JobCancelled`
-    once the job was cancelled or has ended (a sibling chunk failed), :class:`WorkerStopping` on a warm
-    shutdown."""
-
-    def __init__(self, chunk_id: str, worker: str) -> None:
-        self.chunk_id, self.worker = chunk_id, worker
-        self._last_write = 0.0
-
-    def __call__(self, fraction: float, stage: str | None = None) -> None:
-        if fraction >= 1.0:
-            return
-        if worker_stopping.is_set():
-            raise WorkerStopping(f"worker stopping; chunk {self.chunk_id} goes back to the queue")
-        now = time.monotonic()
-        if now - self._last_write < PROGRESS_INTERVAL_SECONDS:
-            return
-        self._last_write = now
-
-        def write() -> bool:
-            with session_scope() as session:
-                return chunk_store.record_chunk_progress(session, self.chunk_id, worker=self.worker,
-                                                         progress=float(fraction))
-
-        try:
-            stop = retry_infrastructure(write, what="record chunk progress", budget_seconds=1.0)
-        except InfrastructureUnavailable:
-            return  # a report, not the work: the chunk goes on
-        if stop:
-            raise JobCancelled(f"chunk {self.chunk_id}: its job was cancelled or has ended")
-
-    def save_artifact(self, name: str, value: Any) -> None:
-        raise NotImplementedError("a chunk of a fanned-out job saves no artifacts")
-
-
-class ChunkHeartbeat(Heartbeat):
-    """Stamps the chunk's heartbeat while it computes (the reaper watches chunks, not their job)."""
-
-    def _stamp(self) -> None:
-        with session_scope() as session:
-            chunk_store.chunk_heartbeat(session, self._job_id, worker=self._worker)
-
-
-def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
+def execute_chunk(chunk_id: str, worker: str, end_process: Callable[[], None] = end_worker_process) -> JobStatus | None:
     """Claim and run one chunk; returns its terminal status, ``queued`` when handed back, None when it was not
-    ours to run."""
+    ours to run. A chunk has its job's time limits: past the hard one, it is recorded as failed (which fails its
+    job) and ``end_process`` ends the worker process (worker/time_limit.py)."""
     settings = get_settings()
     if worker_stopping.is_set():
-        _resend_queued(chunk_id)
+        resend_queued(chunk_id)
         return None
     try:
         claimed = retry_infrastructure(lambda: _claim_chunk(chunk_id, worker), what="claim a chunk",
@@ -223,14 +184,21 @@ def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
     if claimed is None:
         return None
     log.info("chunk started", job_id=claimed.job_id, chunk=claimed.index, worker=worker)
-    # The job's cache stays after the chunk: this worker may claim the job's finish next (same inputs).
-    ctx = RunContext(claimed.xp, ChunkProgress(chunk_id, worker), _dataset_loader(claimed.dataset_ids),
-                     dataset_fields=tuple(claimed.dataset_ids), cache=job_cache.enter(claimed.job_id))
+    try:
+        spec: JobParams | ValidationError = claimed.kind.params_model.model_validate(claimed.params)
+    except ValidationError as exc:
+        spec = exc
+    limit = limit_for(claimed.kind, spec, claimed.dataset_ids) if isinstance(spec, JobParams) else None
     started = time.perf_counter()
     status, output, error = JobStatus.SUCCEEDED, None, None
-    with ChunkHeartbeat(chunk_id, worker, settings.heartbeat_seconds):
+    with supervised(JobChunk, chunk_id, worker, limit, lambda limit, seconds: _chunk_hard_time_limit(
+            chunk_id, worker, claimed, limit, seconds, end_process)) as run:
+        # The job's cache stays after the chunk: this worker may claim the job's finish next (same inputs).
+        ctx = RunContext(claimed.xp, run.progress, dataset_loader(claimed.dataset_ids),
+                         dataset_fields=tuple(claimed.dataset_ids), cache=job_cache.enter(claimed.job_id))
         try:
-            spec = claimed.kind.params_model.model_validate(claimed.params)
+            if isinstance(spec, ValidationError):
+                raise spec
             output = SPLITS[claimed.kind.name].run(spec, ctx, claimed.spec)
         except WorkerStopping:
             return _hand_back_chunk(chunk_id, worker)
@@ -245,9 +213,8 @@ def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
 
     def finish() -> bool:
         with session_scope() as session:
-            return (chunk_store.finish_chunk(session, chunk_id, worker=worker, status=status, output=output,
-                                             error=error, timings=timings)
-                    or chunk_store.chunk_finished_by(session, chunk_id, worker=worker, status=status))
+            return work.finish_once(session, JobChunk, chunk_id, worker=worker, status=status, result=output,
+                                    error=error, timings=timings)
 
     try:
         recorded = retry_infrastructure(finish, what="store a chunk", job_id=chunk_id,
@@ -262,10 +229,35 @@ def execute_chunk(chunk_id: str, worker: str) -> JobStatus | None:
         # A failed chunk fails its job now (the others stop at their next checkpoint); the last chunk to succeed
         # ends its job or hands it over to be finished without waiting for the chord's callback (which then
         # finds it done): where the result backend cannot count parts, celery.chord_unlock polls them, and the
-        # callback came 0.25 s after the last chunk (issue 19). Each worker reads after storing its own chunk, so
-        # of two chunks ending together the later sees both.
+        # callback comes late. Each worker reads after storing its own chunk, so of two chunks ending together the
+        # later sees both.
         settle_quietly(claimed.job_id)
     return status if recorded else None
+
+
+def _chunk_hard_time_limit(chunk_id: str, worker: str, claimed: ClaimedChunk, limit: TimeLimit, run_seconds: float,
+                           end_process: Callable[[], None]) -> None:
+    """The watchdog's action for a chunk past its hard time limit (its heartbeat has stopped): it is recorded as
+    failed (its job fails with it) and the worker process ends."""
+    error = {**limit.error(hard=True), "correlation_id": uuid.uuid4().hex}
+    error["message"] = f"chunk {claimed.index}: {error['message']}"[:MAX_MESSAGE_CHARS]
+    log.error("chunk ran past its hard time limit", job_id=claimed.job_id, chunk=claimed.index,
+              correlation_id=error["correlation_id"])
+
+    def finish() -> bool:
+        with session_scope() as session:
+            return work.finish(session, JobChunk, chunk_id, worker=worker, status=JobStatus.FAILED, error=error,
+                               timings={"run": run_seconds})
+
+    try:
+        if retry_infrastructure(finish, what="store a chunk", job_id=chunk_id,
+                                budget_seconds=get_settings().worker_result_retry_seconds):
+            settle_quietly(claimed.job_id)
+    except InfrastructureUnavailable:
+        log.error("chunk's time limit not recorded: the database is unavailable; the reaper takes it",
+                  chunk_id=chunk_id)
+    finally:
+        end_process()
 
 
 def settle_quietly(job_id: str) -> None:
@@ -293,14 +285,6 @@ def chunk_ended(chunk_id: str) -> bool:
         return False
 
 
-def _dataset_loader(dataset_ids: dict[str, str]) -> Any:
-    """The job's datasets, loaded when the chunk asks (the worker's own loader: worker.tasks imports this module,
-    so it is imported here on use)."""
-    from worker.tasks import dataset_loader
-
-    return dataset_loader(dataset_ids)
-
-
 def _claim_chunk(chunk_id: str, worker: str) -> ClaimedChunk | None:
     with session_scope() as session:
         chunk = session.get(JobChunk, chunk_id)
@@ -315,7 +299,7 @@ def _claim_chunk(chunk_id: str, worker: str) -> ClaimedChunk | None:
             xp = namespace_for(kind)
         except (GPUUnavailableError, ValueError):
             return None  # this worker cannot compute it (refused at start anyway): left for another
-        if not chunk_store.claim_chunk(session, chunk_id, worker=worker, device=worker_device(xp)):
+        if not work.claim(session, JobChunk, chunk_id, worker=worker, device=worker_device(xp)):
             return None
         return ClaimedChunk(job.id, chunk.chunk_index, kind, dict(job.params), dict(job.dataset_ids or {}),
                             dict(chunk.spec), xp)
@@ -323,7 +307,9 @@ def _claim_chunk(chunk_id: str, worker: str) -> ClaimedChunk | None:
 
 def _chunk_error(claimed: ClaimedChunk, exc: Exception) -> dict[str, Any]:
     correlation_id = uuid.uuid4().hex
-    if isinstance(exc, (ValueError, KeyError)):
+    if isinstance(exc, TimeLimitExceeded):
+        code, message = TIME_LIMIT_CODE, f"chunk {claimed.index}: {exc}"
+    elif isinstance(exc, (ValueError, KeyError)):
         code, message = "kernel_error", f"chunk {claimed.index}: {exc}"
     else:
         log.error("chunk raised an unexpected error", job_id=claimed.job_id, chunk=claimed.index,
@@ -337,14 +323,14 @@ def _chunk_error(claimed: ClaimedChunk, exc: Exception) -> dict[str, Any]:
 
 def _hand_back_chunk(chunk_id: str, worker: str) -> JobStatus | None:
     with session_scope() as session:
-        released = chunk_store.release_chunk(session, chunk_id, worker=worker)
+        released = work.release(session, JobChunk, chunk_id, worker=worker, stage="")
     if released:
-        _resend_queued(chunk_id)
+        resend_queued(chunk_id)
         return JobStatus.QUEUED
     return None
 
 
-def _resend_queued(chunk_id: str) -> None:
+def resend_queued(chunk_id: str) -> None:
     with session_scope() as session:
         chunk = session.get(JobChunk, chunk_id)
         if chunk is None or chunk.status != JobStatus.QUEUED:
@@ -544,42 +530,17 @@ def _seconds(start: Any, end: Any) -> float | None:
 CALLBACK_GRACE_STALE_LIMITS = 3  # how many stale limits a fanned-out job's chord callback may take
 
 
-def reap_chunks(stale_after: timedelta, max_attempts: int, idle: bool, queue: str) -> dict[str, int]:
-    """Chunks of lost workers go back to the queue alone (or fail their job once their attempts are spent);
-    while this worker is idle, lost chunk messages of its queue are sent again; jobs whose chunks all ended
-    CALLBACK_GRACE_STALE_LIMITS stale limits ago without a reduction are reduced."""
-    counts = {"chunks_requeued": 0, "chunks_failed": 0, "chunks_resent": 0, "reduced": 0}
-    with session_scope() as session:
-        reaped = []
-        for chunk in chunk_store.stale_running_chunks(session, stale_after=stale_after):
-            outcome = chunk_store.requeue_or_fail_stale_chunk(session, chunk, max_attempts=max_attempts)
-            if outcome is not None:
-                reaped.append((chunk.id, chunk.job_id, outcome))
-    for chunk_id, job_id, outcome in reaped:
-        log.warning("reaped a chunk of a lost worker", job_id=job_id, chunk_id=chunk_id, outcome=outcome)
-        if outcome == JobStatus.QUEUED:
-            counts["chunks_requeued"] += 1
-            _resend_queued(chunk_id)
-        else:
-            counts["chunks_failed"] += 1
-            settle(job_id)
-    if idle:
-        with session_scope() as session:
-            lost = [chunk.id for chunk in chunk_store.lost_queued_chunks(session, queue=queue,
-                                                                         not_sent_for=stale_after)]
-        for chunk_id in lost:
-            with session_scope() as session:
-                if not chunk_store.mark_chunk_resent(session, chunk_id, not_sent_for=stale_after):
-                    continue
-            _resend_queued(chunk_id)
-            counts["chunks_resent"] += 1
+def reduce_lost_callbacks(stale_after: timedelta) -> int:
+    """Reduce the fanned-out jobs whose chunks all ended CALLBACK_GRACE_STALE_LIMITS stale limits ago without a
+    reduction (their chord's callback was lost); returns how many. The reaper's part (worker/reaper.py)."""
     with session_scope() as session:
         # The chord's own callback reduces a job as soon as its last part is counted, but only once a worker is
         # free to run Celery's unlock task, which polls (and can wait behind a chunk): the reaper steps in only
         # after several stale limits, so that it reduces the jobs whose callback is lost, not late.
         settled = chunk_store.settled_fanouts(session, settled_for=stale_after * CALLBACK_GRACE_STALE_LIMITS)
+    reduced = 0
     for job_id in settled:
         if settle(job_id) is not None:
             log.warning("reduced a fanned-out job whose chord callback did not come", job_id=job_id)
-            counts["reduced"] += 1
-    return counts
+            reduced += 1
+    return reduced

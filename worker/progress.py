@@ -1,5 +1,6 @@
-"""The worker's :class:`kernels.progress.Progress`: progress to the job row, cancellation, artifacts, and
-the stop flag a warm shutdown raises so a running job hands itself back to the queue."""
+"""The worker's :class:`kernels.progress.Progress`: progress to the job's (or the chunk's) row, cancellation,
+artifacts, the time limit's checkpoint, the heartbeat, and the stop flag a warm shutdown raises so running work
+hands itself back to the queue."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from typing import Any
 import structlog
 
 from kernels.progress import JobCancelled
-from store import jobs as job_store
+from store import work
 from store.artifacts import save_artifact
 from store.db import session_scope
 from store.events import EventType, add_event
+from store.models import Job, JobChunk
 from worker.infra import InfrastructureUnavailable, describe, retry_infrastructure
+from worker.time_limit import Deadline
 
 log = structlog.get_logger("gpuest.worker")
 
@@ -39,13 +42,18 @@ worker_stopping = threading.Event()
 
 class JobProgress:
     """Writes progress at most every ``min_interval`` seconds and raises :class:`JobCancelled` once the
-    job was asked to stop (or was taken from this worker by the reaper), or :class:`WorkerStopping` at the
-    first checkpoint after the worker began shutting down."""
+    job was asked to stop (or was taken from this worker by the reaper; for a chunk, ``model`` JobChunk: once
+    its job was cancelled or has ended), or :class:`WorkerStopping` at the
+    first checkpoint after the worker began shutting down, :class:`~worker.time_limit.TimeLimitExceeded` at the
+    first checkpoint past the job's soft time limit (``deadline``)."""
 
-    def __init__(self, job_id: str, worker: str, min_interval: float = 0.5) -> None:
-        self.job_id = job_id
+    def __init__(self, job_id: str, worker: str, min_interval: float = 0.5, deadline: Deadline | None = None,
+                 model: work.WorkModel = Job) -> None:
+        self.job_id = job_id  # the chunk's id for a chunk
+        self.model = model
         self.worker = worker
         self.min_interval = min_interval
+        self.deadline = deadline or Deadline(None)
         self.artifacts: dict[str, Any] = {}
         self._last_write = 0.0
         self._quiet_until = 0.0  # no progress writes before this (monotonic) time: the database is away
@@ -61,7 +69,8 @@ class JobProgress:
             return
         # Before the rate limit: a shutdown has a grace period, and every checkpoint may be the last in it.
         if worker_stopping.is_set():
-            raise WorkerStopping(f"worker stopping; job {self.job_id} goes back to the queue")
+            raise WorkerStopping(f"worker stopping; {self._what} goes back to the queue")
+        self.deadline.check()
         now = time.monotonic()
         if now - self._last_write < self.min_interval or now < self._quiet_until:
             return
@@ -80,12 +89,20 @@ class JobProgress:
             return
         self._failures = 0
         if stop:
-            raise JobCancelled(f"job {self.job_id} was cancelled")
+            raise JobCancelled(f"job {self.job_id} was cancelled" if self.model is Job
+                               else f"{self._what}: its job was cancelled or has ended")
+
+    @property
+    def _what(self) -> str:
+        return f"{'job' if self.model is Job else 'chunk'} {self.job_id}"
 
     def _write(self, fraction: float, stage: str | None) -> bool:
         with session_scope() as session:
-            stop = job_store.record_progress(session, self.job_id, worker=self.worker, progress=fraction, stage=stage)
-            log_stage = stage is not None and stage != self._logged_stage and self._stage_events < MAX_STAGE_EVENTS
+            stop = work.record_progress(session, self.model, self.job_id, worker=self.worker, progress=fraction,
+                                        stage=stage)
+            # a chunk's stages are its job's business: only a job's are logged
+            log_stage = (self.model is Job and stage is not None and stage != self._logged_stage
+                         and self._stage_events < MAX_STAGE_EVENTS)
             if log_stage and not stop:
                 add_event(session, self.job_id, EventType.STAGE, str(stage)[:200],
                           data={"progress": round(fraction, 4)})
@@ -94,14 +111,17 @@ class JobProgress:
         return stop
 
     def save_artifact(self, name: str, value: Any) -> None:
+        if self.model is JobChunk:
+            raise NotImplementedError("a chunk of a fanned-out job saves no artifacts")
         self.artifacts[name] = save_artifact(self.job_id, name, value)
 
 
 class Heartbeat:
-    """A daemon thread that stamps the job's heartbeat while the kernel computes (even inside one long call)."""
+    """A daemon thread that stamps the job's (or, ``model`` JobChunk, the chunk's) heartbeat while the kernel
+    computes (even inside one long call)."""
 
-    def __init__(self, job_id: str, worker: str, interval: float) -> None:
-        self._job_id, self._worker, self._interval = job_id, worker, interval
+    def __init__(self, job_id: str, worker: str, interval: float, model: work.WorkModel = Job) -> None:
+        self._job_id, self._worker, self._interval, self._model = job_id, worker, interval, model
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
 
@@ -110,12 +130,17 @@ class Heartbeat:
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """No more beats (the job ended, or ran past its hard time limit)."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
 
     def _stamp(self) -> None:
         with session_scope() as session:
-            job_store.heartbeat(session, self._job_id, worker=self._worker)
+            work.heartbeat(session, self._model, self._job_id, worker=self._worker)
 
     def _beat(self) -> None:
         while not self._stop.wait(self._interval):

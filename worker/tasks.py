@@ -1,113 +1,56 @@
-"""The Celery task that runs one job, the reaper that rescues jobs of lost workers, and the worker's
-start and warm-shutdown hooks. Start a worker with ``celery -A worker.tasks:celery_app worker ...``.
+"""The worker's Celery entry points: the tasks (a job, a chunk of a fanned-out job, a chord's reduction) and
+the worker's start, ready and warm-shutdown hooks. Start a worker with
+``celery -A worker.tasks:celery_app worker ...``.
 
-The message carries only the job id. A claim is a conditional UPDATE (queued -> running), so a
-redelivered or duplicated message for a job already claimed or finished does nothing. The worker makes the
-job's run context (array namespace, progress and cancel, dataset loading, artifacts) and hands it to
-:func:`kernels.context.run_kind`, which stamps the device and the stage timings on the result.
+What the tasks run lives below: the execute path of a job (worker/execute.py), of a chunk and the reduction
+(worker/fanout.py), the reaper (worker/reaper.py), the device warm-up (worker/warm_up.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import socket
 import sys
 import threading
-import time
 import traceback
-import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import timedelta
-from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 from celery.signals import worker_init, worker_ready, worker_shutting_down
-from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 import core.queue
 from core.logging import configure_worker_logging
-from core.queue import RUN_JOB_TASK, send
+from core.queue import RUN_JOB_TASK
 from core.settings import get_settings
-from core.status import JobPriority, JobStatus
-from kernels import backend, cuda
+from kernels import backend
 from kernels.backend import GPUUnavailableError
-from kernels.context import DatasetLoader, RunContext, namespace_for, run_kind
-from kernels.progress import JobCancelled
-from kernels.registry import JobKind, add_kind_modules, get_kind, registry
-from kernels.spec import JobParams
-from kernels.work import cap_problem
-from store import jobs as job_store
-from store.artifacts import discard_pending_outcome, load_pending_outcome, save_pending_outcome
-from store.datasets import get_dataset
-from store.db import session_scope
-from store.decoded import load_frame, prune_decoded_copies
+from kernels.registry import add_kind_modules, registry
 from store.migrate import SchemaNotMigratedError, ensure_migrated
-from store.models import Job, utcnow
-from worker import fanout
-from worker.dataset_rows import dataset_rows
-from worker.device import job_cache, worker_device
+from worker import fanout, reaper
+from worker.device import worker_device
+from worker.execute import WORKER_ID, execute_job
 from worker.health import touch
-from worker.infra import (
-    InfrastructureUnavailable,
-    describe,
-    forget_dead_connections,
-    is_infrastructure_error,
-    retry_infrastructure,
-)
-from worker.progress import Heartbeat, JobProgress, WorkerStopping, worker_stopping
+from worker.progress import worker_stopping
+from worker.warm_up import CUDA_CACHE_DIR_NAME, warm_up_gpu
 from worker.webhooks import webhook_loop
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 log = structlog.get_logger("gpuest.worker")
 
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-# CuPy's on-disk cache of compiled kernels, under the data directory: a restarted worker loads them.
-CUDA_CACHE_DIR_NAME = "cuda-cache"
 
 celery_app = core.queue.get_celery_app()
 
 
-class Activity:
-    """Whether this worker process runs a job, and for how long it has been idle (read by the reaper)."""
-
-    def __init__(self) -> None:
-        self._running = False
-        self._idle_since = time.monotonic()
-
-    def started(self) -> None:
-        self._running = True
-
-    def finished(self) -> None:
-        self._running, self._idle_since = False, time.monotonic()
-
-    def idle_for(self) -> float:
-        return 0.0 if self._running else time.monotonic() - self._idle_since
-
-
-_activity = Activity()
-REQUEUED_STAGE = "requeued: worker stopped"
-UNAVAILABLE_STAGE = "requeued: database or broker unavailable"
-# A user-facing error message is a sentence or a paragraph, not a dump.
-MAX_MESSAGE_CHARS = 2000
 # Exit status of a worker that refuses to start (EX_CONFIG of sysexits.h: a configuration problem).
 EXIT_NOT_READY = 78
 
 
 @celery_app.task(name=RUN_JOB_TASK)
 def run_job(job_id: str) -> str | None:
-    _activity.started()
+    reaper.activity.started()
     try:
         status = execute_job(job_id)
         return None if status is None else status.value
     finally:
-        _activity.finished()
+        reaper.activity.finished()
 
 
 @celery_app.task(name=fanout.RUN_CHUNK_TASK, ignore_result=False)
@@ -118,13 +61,13 @@ def run_chunk(job_id: str, chunk_id: str) -> str:
     under the same task id, is the part that counts."""
     from celery.exceptions import Ignore
 
-    _activity.started()
+    reaper.activity.started()
     try:
         fanout.execute_chunk(chunk_id, WORKER_ID)
     except Exception:  # never fail the chord part: the reaper and the chunk's row take it from here
         log.error("chunk task failed", job_id=job_id, chunk_id=chunk_id, traceback=traceback.format_exc())
     finally:
-        _activity.finished()
+        reaper.activity.finished()
     if not fanout.chunk_ended(chunk_id):
         raise Ignore()
     return chunk_id
@@ -134,461 +77,6 @@ def run_chunk(job_id: str, chunk_id: str) -> str:
 def reduce_chunks(job_id: str) -> None:
     """The chord's callback: reduce the chunks into the job's result (a reaper does it if this is lost)."""
     fanout.settle(job_id)
-
-
-def _seconds_between(start: Any, end: Any) -> float | None:
-    if start is None or end is None:
-        return None
-    return (end.replace(tzinfo=None) - start.replace(tzinfo=None)).total_seconds()
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a job runs, chosen before its claim so that the device its row records is the one it runs on.
-
-    ``kind`` is None for an unknown kind name and ``xp`` None for an unusable device; ``error`` then says
-    why the job fails instead of running."""
-
-    kind: JobKind | None = None
-    xp: ModuleType | None = None
-    error: Exception | None = None
-
-    @property
-    def device(self) -> str:
-        return "unavailable" if self.xp is None else worker_device(self.xp)
-
-
-def place(kind_name: str) -> Placement:
-    try:
-        kind: JobKind | None = get_kind(kind_name)
-        kind_error: KeyError | None = None
-    except KeyError as exc:  # the job fails with it; its row records the worker's default device
-        kind, kind_error = None, exc
-    try:
-        xp = namespace_for(kind) if kind is not None else backend.get_namespace()
-    except (GPUUnavailableError, ValueError) as exc:  # GPUEST_DEVICE=gpu without a GPU, or a bad value
-        # An unknown kind is the job's own error: report it rather than the device's.
-        return Placement(kind, None, kind_error or exc)
-    return Placement(kind, xp, kind_error)
-
-
-@dataclass(frozen=True)
-class ClaimedJob:
-    """What the worker needs of a job row it claimed (read in the claim's transaction)."""
-
-    kind_name: str
-    queue: str | None
-    params: dict[str, Any]
-    dataset_ids: dict[str, str]
-    queue_wait: float | None
-    placement: Placement
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a run ended: ``status`` None means the database or broker stayed out of reach and the job is
-    left to the reaper (neither failed nor finished)."""
-
-    status: JobStatus | None
-    result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None
-    artifacts: dict[str, Any] | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        return {"status": None if self.status is None else self.status.value, "result": self.result,
-                "error": self.error, "timings": self.timings, "artifacts": self.artifacts}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Outcome:
-        return cls(JobStatus(data["status"]), data.get("result"), data.get("error"), data.get("timings"),
-                   data.get("artifacts"))
-
-
-# Outcomes worth keeping on disk until stored: a re-run would compute the same (the seed is in the params).
-KEPT_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED)
-# A warm shutdown has a grace period: a hand-back waits this long at most for the database.
-HAND_BACK_RETRY_SECONDS = 5.0
-
-
-def execute_job(job_id: str, worker: str = WORKER_ID) -> JobStatus | None:
-    """Claim and run one job to a terminal status; returns that status, ``queued`` when a warm shutdown of
-    this worker handed the job back to the queue, or None if it was not ours to run or the database stayed
-    out of reach (the job is then left to the reaper, never failed for it)."""
-    settings = get_settings()
-    if worker_stopping.is_set():
-        pass_on(job_id)
-        return None
-    message_job_id = job_id
-    try:
-        job_id, claimed = retry_infrastructure(lambda: _claim_in_priority_order(message_job_id, worker),
-                                               what="claim", budget_seconds=settings.worker_retry_seconds,
-                                               job_id=message_job_id)
-    except InfrastructureUnavailable:
-        return None  # not claimed: the job is still queued, and the reaper sends its message again
-    if claimed is None:
-        log.info("job not claimed", job_id=job_id)
-        return None
-    log.info("job started", job_id=job_id, kind=claimed.kind_name, worker=worker)
-    pending = load_pending_outcome(job_id)
-    if pending is not None:
-        # An earlier run computed this outcome but could not store it: store it rather than compute again.
-        log.info("storing the outcome an earlier run of this job computed", job_id=job_id)
-        return _store_outcome(job_id, worker, Outcome.from_json(pending))
-
-    progress = JobProgress(job_id, worker)
-    started = time.perf_counter()
-    with Heartbeat(job_id, worker, settings.heartbeat_seconds):
-        outcome = _run(job_id, claimed.placement, claimed.params, claimed.dataset_ids, progress, claimed.queue)
-    run_seconds = time.perf_counter() - started
-    if outcome.status == JobStatus.RUNNING:  # fanned out: its chunks run on, the chord's callback ends it
-        return JobStatus.RUNNING
-    job_cache.clear()  # the job ended or goes back to the queue: its inputs are not needed here any more
-    if outcome.status is None or outcome.status == JobStatus.QUEUED:
-        return _give_back(job_id, worker, claimed.queue, outcome, run_seconds)
-    # Worker-side seconds only: the kernel's per-stage timings are in the result (result["timings"]).
-    timings = {"queue_wait": claimed.queue_wait, "run": run_seconds}
-    return _store_outcome(job_id, worker, dataclasses.replace(outcome, timings=timings, artifacts=progress.artifacts))
-
-
-def _claim_in_priority_order(job_id: str, worker: str) -> tuple[str, ClaimedJob | None]:
-    """Claim the job the message names, unless a queued job of higher priority waits on its queue: then
-    claim that one and send the message on (its job keeps its place and runs later). The database, not the
-    broker, orders the queue: kombu's SQLAlchemy transport has no priorities, and Redis's priority lists
-    hold messages already fetched by other workers. Returns the id of the job claimed (or tried)."""
-    with session_scope() as session:
-        job = session.get(Job, job_id)
-        before = None
-        if job is not None and job.status == JobStatus.QUEUED:
-            before = job_store.queued_job_before(session, job_id, queue=job.queue or get_settings().queue)
-    if before is not None:
-        claimed = _claim(before, worker)
-        if claimed is not None:
-            pass_on(job_id, reason="a job of higher priority runs first")
-            return before, claimed
-    return job_id, _claim(job_id, worker)
-
-
-def _claim(job_id: str, worker: str) -> ClaimedJob | None:
-    """One unit of work, retried whole: read the job and claim it (queued -> running). A retry after the
-    connection dropped under a committed claim finds the job running for this worker: that claim was ours
-    (as is a job this worker had to leave running when the database went away)."""
-    with session_scope() as session:
-        job = session.get(Job, job_id)
-        if job is None:
-            return None
-        ours = job.status == JobStatus.RUNNING and job.worker == worker
-        if job.status != JobStatus.QUEUED and not ours:
-            return None
-        placement = place(job.kind)
-        started_at = job.started_at if ours else utcnow()
-        # The conditional UPDATE is the real guard: another claim or a cancel may have come since the read.
-        if not ours and not job_store.claim(session, job_id, worker=worker, device=placement.device, now=started_at):
-            return None
-        return ClaimedJob(job.kind, job.queue, dict(job.params), dict(job.dataset_ids),
-                          _seconds_between(job.created_at, started_at), placement)
-
-
-def _give_back(job_id: str, worker: str, queue: str | None, outcome: Outcome, run_seconds: float) -> JobStatus | None:
-    """A run that stopped without an outcome: a warm shutdown (``queued``) or a database that stayed out of
-    reach (None). Hand the job back to the queue; where even that fails, the reaper re-queues it."""
-    stopping = outcome.status == JobStatus.QUEUED
-    stage = REQUEUED_STAGE if stopping else UNAVAILABLE_STAGE
-    try:
-        released = retry_infrastructure(lambda: hand_back(job_id, worker, queue, stage), what="hand back",
-                                        budget_seconds=HAND_BACK_RETRY_SECONDS, job_id=job_id)
-    except InfrastructureUnavailable:
-        log.error("job left to the reaper: the database is unavailable", job_id=job_id)
-        return None
-    if released:
-        log.info("job handed back to the queue", job_id=job_id, stage=stage, run_seconds=round(run_seconds, 3))
-        return JobStatus.QUEUED if stopping else None
-    # Not released: its cancel was requested meanwhile (or it is no longer ours).
-    return _store_outcome(job_id, worker, Outcome(JobStatus.CANCELLED, timings={"run": run_seconds}))
-
-
-def _store_outcome(job_id: str, worker: str, outcome: Outcome) -> JobStatus | None:
-    """Record the outcome (running -> terminal), retried for ``worker_result_retry_seconds``. It is kept on
-    disk until the update is committed: if the database stays out of reach, the job is left running for the
-    reaper and its next run stores this outcome (:func:`execute_job`), so the computed result is not lost."""
-    assert outcome.status is not None
-    if outcome.status in KEPT_STATUSES:
-        save_pending_outcome(job_id, outcome.as_json())
-    try:
-        recorded = retry_infrastructure(
-            lambda: _finish(job_id, worker, outcome), what="store the outcome",
-            budget_seconds=get_settings().worker_result_retry_seconds, job_id=job_id,
-        )
-    except InfrastructureUnavailable:
-        log.error("job outcome not stored: the database is unavailable; kept on disk for the job's next run",
-                  job_id=job_id, status=outcome.status)
-        return None
-    if recorded or _settled(job_id):
-        discard_pending_outcome(job_id)
-    log.info("job finished", job_id=job_id, status=outcome.status, recorded=recorded,
-             run_seconds=round((outcome.timings or {}).get("run") or 0.0, 3))
-    return outcome.status if recorded else None
-
-
-def _finish(job_id: str, worker: str, outcome: Outcome) -> bool:
-    assert outcome.status is not None
-    with session_scope() as session:
-        if job_store.finish(session, job_id, worker=worker, status=outcome.status, result=outcome.result,
-                            error=outcome.error, timings=outcome.timings, artifacts=outcome.artifacts):
-            return True
-        # A retry: the earlier try may have been committed before the connection dropped under it.
-        return job_store.finished_by(session, job_id, worker=worker, status=outcome.status)
-
-
-def _settled(job_id: str) -> bool:
-    """Whether nothing will run the job again (so an outcome kept for it can go); False when unknown."""
-    def read() -> bool:
-        with session_scope() as session:
-            return job_store.is_settled(session, job_id)
-
-    try:
-        return retry_infrastructure(read, what="read the job", budget_seconds=HAND_BACK_RETRY_SECONDS, job_id=job_id)
-    except InfrastructureUnavailable:
-        return False
-
-
-def _run(
-    job_id: str,
-    placement: Placement,
-    params: dict[str, Any],
-    dataset_ids: dict[str, str],
-    progress: JobProgress,
-    queue: str | None = None,
-) -> Outcome:
-    """Run the claimed job. The outcome's status is ``queued`` when this worker began a warm shutdown (the
-    job is to be handed back), None when the database or broker stayed out of reach, and ``running`` when
-    the job was fanned out into chunks (worker/fanout.py)."""
-    if placement.error is not None:
-        return _placement_failure(job_id, placement.error)
-    assert placement.kind is not None and placement.xp is not None
-    try:
-        if worker_stopping.is_set():  # the shutdown began between the message and the claim
-            raise WorkerStopping(f"worker stopping; job {job_id} goes back to the queue")
-        spec = placement.kind.params_model.model_validate(params)  # the run's one validation
-        over_cap = cpu_work_cap_problem(placement, spec, dataset_ids)
-        if over_cap is not None:
-            return _failed(job_id, "cpu_work_cap", "CpuWorkCap", over_cap)
-        ctx = RunContext(placement.xp, progress, dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids),
-                         cache=job_cache.enter(job_id))
-        # A fanned-out job whose chunks succeeded comes back to be finished from their outputs.
-        kind, may_fan_out = fanout.kind_to_run(job_id, placement.kind)
-        if may_fan_out and fanout.try_fan_out(job_id, progress.worker, kind, spec, ctx, queue):
-            return Outcome(JobStatus.RUNNING)
-        return Outcome(JobStatus.SUCCEEDED, result=run_kind(kind, spec, ctx))
-    except WorkerStopping:
-        return Outcome(JobStatus.QUEUED)
-    except JobCancelled:
-        return Outcome(JobStatus.CANCELLED)
-    except ValidationError as exc:
-        return _failed(job_id, "invalid_params", type(exc).__name__, str(exc))
-    except (ValueError, KeyError) as exc:
-        # The kernel's own account of what it refused (bad input, no convergence and its remedy): for the user.
-        return _failed(job_id, "kernel_error", type(exc).__name__, str(exc))
-    except GPUUnavailableError as exc:
-        return _failed(job_id, "gpu_unavailable", type(exc).__name__, str(exc))
-    except MemoryError:
-        return _failed(job_id, "out_of_memory", "OutOfMemory", "the job needed more memory than the worker has")
-    except Exception as exc:
-        if is_infrastructure_error(exc):  # not the kernel's fault: the job runs again
-            log.error("job stopped by a database or broker error; handing it back", job_id=job_id,
-                      error=describe(exc))
-            return Outcome(None)
-        return _internal_failure(job_id, exc)
-
-
-def cpu_work_cap_problem(placement: Placement, spec: JobParams, dataset_ids: Mapping[str, str]) -> str | None:
-    """The operator's CPU cap (``cpu_max_work``), for a job placed on NumPy: the message when its work (its
-    kind's measure, ``JobKind.work``) passes its kind's cap. The API refuses such jobs at submission where it knows they
-    run on CPU; this is the worker's own check for the rest (GPUEST_DEVICE=auto with servers)."""
-    caps = get_settings().cpu_max_work
-    assert placement.kind is not None and placement.xp is not None
-    if placement.kind.name not in caps or not backend.is_numpy(placement.xp):
-        return None
-    problem = cap_problem(placement.kind.name, spec, dataset_rows(dataset_ids), caps)
-    return None if problem is None else f"{problem[0]}: {problem[1]}"
-
-
-def _placement_failure(job_id: str, error: Exception) -> Outcome:
-    if isinstance(error, KeyError):
-        return _failed(job_id, "unknown_kind", "KeyError", str(error))
-    return _failed(job_id, "gpu_unavailable", type(error).__name__, str(error))
-
-
-def _failed(job_id: str, code: str, error_type: str, message: str) -> Outcome:
-    """What the user sees: a stable code and type, a short message and the id of the log line with the rest."""
-    correlation_id = uuid.uuid4().hex
-    log.info("job failed", job_id=job_id, code=code, error_type=error_type, correlation_id=correlation_id)
-    return Outcome(JobStatus.FAILED, error={"type": error_type, "code": code, "message": message[:MAX_MESSAGE_CHARS],
-                                            "correlation_id": correlation_id})
-
-
-def _internal_failure(job_id: str, error: Exception) -> Outcome:
-    """An unexpected error: its text may hold anything (paths, hosts, SQL), so it goes to the log only, under
-    a correlation id the user's message quotes."""
-    correlation_id = uuid.uuid4().hex
-    error_type = type(error).__name__
-    log.error("job raised an unexpected error", job_id=job_id, correlation_id=correlation_id, error=describe(error),
-              traceback=traceback.format_exc())
-    message = (f"the job stopped on an unexpected error ({error_type}) in the kernel; the worker's log has the "
-               f"details under correlation id {correlation_id}")
-    return Outcome(JobStatus.FAILED, error={"type": error_type, "code": "internal_error", "message": message,
-                                            "correlation_id": correlation_id})
-
-
-def dataset_loader(dataset_ids: Mapping[str, str]) -> DatasetLoader:
-    """Loads the dataset a params field names, when the runner first asks for it (``ctx.dataset(field)``)."""
-
-    def dataset_file(dataset_id: str) -> str | None:
-        with session_scope() as session:
-            dataset = get_dataset(session, dataset_id)
-            return None if dataset is None else dataset.path  # read while the session is open
-
-    def load(field: str) -> pd.DataFrame:
-        dataset_id = dataset_ids[field]
-        path = retry_infrastructure(lambda: dataset_file(dataset_id), what="read a dataset",
-                                    budget_seconds=get_settings().worker_retry_seconds)
-        if path is None:
-            raise ValueError(f"{field}: dataset {dataset_id} no longer exists")
-        return load_frame(path)
-
-    return load
-
-
-def hand_back(job_id: str, worker: str, queue: str | None, stage: str = REQUEUED_STAGE) -> bool:
-    """Release a job this stopping worker holds (running -> queued, the attempt given back) and send it
-    again at once to ``queue`` (the job's), so the next worker on it runs the job without waiting for the
-    reaper."""
-    with session_scope() as session:
-        released = job_store.release(session, job_id, worker=worker, stage=stage)
-        priority = job_store.priority_of(session, job_id)
-    if not released:
-        return False
-    try:
-        send(job_id, queue=queue, priority=priority)
-    except Exception:  # the row says it is queued and when it was sent: a reaper pass re-sends it later
-        log.error("could not re-send a released job", job_id=job_id, traceback=traceback.format_exc())
-    return True
-
-
-def pass_on(job_id: str, reason: str = "worker stopping") -> None:
-    """Send a queued job's message on, unclaimed, for the next worker: a stopping worker can still be handed
-    a message (often the one its own hand-back just sent), and a worker that ran a job of higher priority
-    instead of the message's job passes the message on."""
-    with session_scope() as session:
-        job = session.get(Job, job_id)
-        if job is None or job.status != JobStatus.QUEUED:
-            return  # nothing to run here: a claim would have failed too
-        queue, priority = job.queue, job_store.priority_of(session, job_id)
-        job_store.mark_enqueued(session, job_id)
-    try:
-        send(job_id, queue=queue, priority=priority)
-    except Exception as exc:  # the row says it was just sent: a reaper pass sends it again later
-        log.error("could not pass a job's message on", job_id=job_id, error=describe(exc))
-        return
-    log.info("passed a job's message on unclaimed", job_id=job_id, reason=reason)
-
-
-def reap_once() -> dict[str, int]:
-    """Rescue jobs whose worker stopped heartbeating; re-send lost messages of this worker's queue.
-
-    A stale running job goes back to its own queue (or fails once its attempts are spent). While this
-    worker has been idle for a reaper interval, a job queued on its queue whose last message is older than
-    the stale limit has lost that message (an idle worker would have taken it): it is sent once more and
-    its send time updated, so the next pass leaves it alone. Only one claim can win, so an extra message
-    is harmless anyway.
-    """
-    settings = get_settings()
-    stale_after = timedelta(seconds=settings.stale_after_seconds)
-    counts = {"requeued": 0, "failed": 0, "cancelled": 0, "resent": 0}
-    with session_scope() as session:
-        outcomes = [
-            (job.id, job.queue, job.priority, job_store.requeue_or_fail_stale(
-                session, job, max_attempts=settings.max_attempts,
-                # a computed outcome kept on disk is never thrown away for the attempts spent storing it
-                outcome_kept=load_pending_outcome(job.id) is not None))
-            for job in job_store.stale_running_jobs(session, stale_after=stale_after)
-        ]
-    for job_id, queue, priority, outcome in outcomes:
-        if outcome is None:
-            continue
-        counts["requeued" if outcome == JobStatus.QUEUED else outcome.value] += 1
-        log.warning("reaped job of a lost worker", job_id=job_id, outcome=outcome)
-        if outcome == JobStatus.QUEUED:  # the re-send keeps the job's priority
-            _send_or_leave(job_id, queue or settings.queue, _as_priority(priority))
-    # Idle for a whole reaper interval, not just between two jobs of a backlog: a waiting message would
-    # have been taken by now, so the queued jobs' messages are the lost ones.
-    idle = _activity.idle_for() >= settings.reaper_interval_seconds
-    if idle:
-        counts["resent"] = _resend_lost_messages(settings.queue, stale_after)
-    # Chunks of fanned-out jobs: re-run a lost worker's chunk alone, re-send lost chunk messages, reduce a
-    # job whose chord callback was lost.
-    counts.update(fanout.reap_chunks(stale_after, settings.max_attempts, idle, settings.queue))
-    with session_scope() as session:  # decoded copies of datasets deleted elsewhere
-        counts["decoded_pruned"] = prune_decoded_copies(session)
-    if settings.retention_days > 0 or settings.retention_days_by_owner:
-        with session_scope() as session:  # retention: finished jobs past their owner's limit, files with them
-            expired = job_store.expire_finished_jobs(session, default_days=settings.retention_days,
-                                                     days_by_owner=settings.retention_days_by_owner)
-        counts["expired"] = len(expired)
-        if expired:
-            log.info("expired finished jobs", count=len(expired), first=expired[0])
-    return counts
-
-
-def _resend_lost_messages(queue: str, not_sent_for: timedelta) -> int:
-    with session_scope() as session:
-        candidates = job_store.queued_job_ids(session, queue=queue, not_sent_for=not_sent_for)
-    resent = 0
-    for job_id in candidates:
-        with session_scope() as session:
-            # Conditional: of several idle workers on this queue, one re-sends.
-            if not job_store.mark_resent(session, job_id, queue=queue, not_sent_for=not_sent_for):
-                continue
-            priority = job_store.priority_of(session, job_id)
-        if _send_or_leave(job_id, queue, priority):
-            log.info("re-sent the message of a queued job", job_id=job_id, queue=queue)
-            resent += 1
-    return resent
-
-
-def _as_priority(value: str | None) -> JobPriority:
-    try:
-        return JobPriority(value or JobPriority.NORMAL)
-    except ValueError:
-        return JobPriority.NORMAL
-
-
-def _send_or_leave(job_id: str, queue: str, priority: JobPriority = JobPriority.NORMAL) -> bool:
-    """Send a queued job's message; on a broker error, log it: the row says it was sent now, so a later
-    reaper pass sends it again once it is older than the stale limit."""
-    try:
-        send(job_id, queue=queue, priority=priority)
-    except Exception as exc:
-        log.error("could not send a job's message; a later reaper pass re-sends it", job_id=job_id,
-                  error=describe(exc))
-        return False
-    return True
-
-
-def _reaper_loop(interval: float, alive_file: Path | None) -> None:
-    while True:
-        time.sleep(interval)
-        try:
-            reap_once()
-        except Exception as exc:
-            if is_infrastructure_error(exc):  # the next pass retries; no traceback for an outage
-                forget_dead_connections(exc)
-                log.warning("reaper pass skipped: database unavailable", error=describe(exc))
-            else:
-                log.error("reaper pass failed", traceback=traceback.format_exc())
-            continue
-        if alive_file is not None:
-            touch(alive_file)  # the container healthcheck (worker.health) reads its age
 
 
 def refuse_to_start(reason: str) -> None:
@@ -610,7 +98,7 @@ def _prepare_worker(**_kwargs: Any) -> None:
     try:
         backend.get_namespace()
     except (GPUUnavailableError, ValueError) as exc:
-        # A worker that reports healthy and then fails every job helps no one (issue 16): GPUEST_DEVICE=gpu
+        # A worker that reports healthy and then fails every job helps no one: GPUEST_DEVICE=gpu
         # on a host where CuPy sees no GPU (no driver, no device passed to the container) stops here.
         refuse_to_start(f"{exc} (set GPUEST_DEVICE=cpu or auto to compute on the CPU)")
     # Import every kernel module now rather than inside the first job (seconds of SciPy and pandas imports
@@ -619,28 +107,6 @@ def _prepare_worker(**_kwargs: Any) -> None:
     add_kind_modules(*get_settings().extra_kind_modules)
     registry()
     warm_up_gpu(get_settings().data_dir / CUDA_CACHE_DIR_NAME)
-
-
-def warm_up_gpu(cache_dir: Path) -> None:
-    """On a worker that computes on a GPU: keep compiled kernels in ``cache_dir`` (before anything compiles),
-    then compile every kernel variant jobs commonly use, so the first job pays no NVRTC compile. A failed
-    warm-up is logged and the worker serves anyway: its jobs then compile on demand. Nothing runs on CPU."""
-    try:
-        xp = backend.get_namespace()
-    except (GPUUnavailableError, ValueError):
-        return  # no usable device: every job fails with the reason, there is nothing to warm
-    if backend.is_numpy(xp):
-        return
-    if not os.environ.get("CUPY_CACHE_DIR"):  # an operator's own cache directory wins
-        cuda.use_disk_cache(cache_dir)
-    started = time.perf_counter()
-    try:
-        modules = cuda.warm_up()
-    except Exception:
-        log.error("kernel warm-up failed; jobs compile their kernels on demand", traceback=traceback.format_exc())
-        return
-    log.info("kernels warmed up", modules=modules, seconds=round(time.perf_counter() - started, 3),
-             cache_dir=str(cache_dir))
 
 
 @worker_shutting_down.connect
@@ -656,10 +122,10 @@ def _start_reaper(**_kwargs: Any) -> None:
     if settings.worker_alive_file is not None:
         touch(settings.worker_alive_file)
     threading.Thread(
-        target=_reaper_loop, args=(settings.reaper_interval_seconds, settings.worker_alive_file),
+        target=reaper.reaper_loop, args=(settings.reaper_interval_seconds, settings.worker_alive_file),
         name="gpuest-reaper", daemon=True,
     ).start()
-    # Webhook deliveries (issue 16) in their own thread: a slow receiver must not hold up the reaper's rescues.
+    # Webhook deliveries in their own thread: a slow receiver must not hold up the reaper's rescues.
     threading.Thread(target=webhook_loop, args=(settings.webhook_interval_seconds,), name="gpuest-webhooks",
                      daemon=True).start()
     log.info("worker ready", worker=WORKER_ID, device=_default_device(), queue=settings.queue)

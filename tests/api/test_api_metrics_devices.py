@@ -10,7 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from core.settings import get_settings
 from store import chunks as chunk_store
 from store import jobs as job_store
+from store import work
 from store.db import session_scope
+from store.models import JobChunk
 
 TOKEN = "operator-token-0123456789"
 GPU0, GPU1 = "NVIDIA H100 80GB HBM3 (GPU 0)", "NVIDIA H100 80GB HBM3 (GPU 1)"
@@ -39,10 +41,10 @@ def test_metrics_count_running_jobs_and_chunks_by_device(client, alice, monkeypa
         ids = chunk_store.fan_out(session, fanned, worker="w1", group_id="g", device=GPU1, queue="gpu", chunks=plans)
     assert ids is not None
     with session_scope() as session:
-        assert chunk_store.claim_chunk(session, ids[1], worker="w0b", device=GPU0)
-        assert chunk_store.claim_chunk(session, ids[2], worker="w1b", device=GPU1)
+        assert work.claim(session, JobChunk, ids[1], worker="w0b", device=GPU0)
+        assert work.claim(session, JobChunk, ids[2], worker="w1b", device=GPU1)
     # The fanned-out job is not counted itself (no process holds it); its lead chunk has ended.
     assert running_gauge(client) == {GPU0: 2, GPU1: 1}
     with session_scope() as session:
-        assert chunk_store.finish_chunk(session, ids[2], worker="w1b", status="succeeded", output={})
+        assert work.finish(session, JobChunk, ids[2], worker="w1b", status="succeeded", result={})
     assert running_gauge(client) == {GPU0: 2}

@@ -20,7 +20,7 @@ from store import jobs as job_store
 from store.dataset_ingest import ingest
 from store.db import session_scope
 from tests.worker.conftest import load
-from worker.tasks import execute_job
+from worker.execute import execute_job
 
 
 class TableParams(JobParams):
@@ -63,7 +63,7 @@ def kinds(monkeypatch: pytest.MonkeyPatch) -> dict[str, JobKind]:
         except KeyError:
             raise KeyError(f"unknown job kind {name!r}") from None
 
-    monkeypatch.setattr("worker.tasks.get_kind", get_kind)
+    monkeypatch.setattr("worker.execute.get_kind", get_kind)
     return known
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from conftest import SMALL, _clear_caches, load, submit
 
-from worker.tasks import execute_job
+from worker.execute import execute_job
 
 SMALL_WORK = SMALL["replications"] * SMALL["n_clusters"] * SMALL["cluster_size"]
 

@@ -26,11 +26,13 @@ from store import jobs as job_store
 from store.artifacts import job_artifact_dir
 from store.dataset_ingest import ingest
 from store.db import session_scope
+from store.models import JobChunk
 from tests.worker.conftest import WorkerProcess, comparable, load, wait_for
 from tests.worker.test_worker_fanout import chunks_of, finished, start_workers
-from worker import fanout
+from worker import fanout, reaper
+from worker.dataset_loader import dataset_loader
+from worker.execute import execute_job
 from worker.progress import JobProgress
-from worker.tasks import dataset_loader, execute_job
 
 KIND = "crve_bootstrap"
 # 20,000 rows without clusters: 20,000 bootstrap clusters; a NumPy worker computes chunks of
@@ -183,7 +185,8 @@ def test_a_bootstrap_whose_callback_is_lost_is_finished_by_a_worker_exactly(
         assert fanout.execute_chunk(row.id, f"host:2:{row.chunk_index}") == JobStatus.SUCCEEDED
     assert [row.output["draws"] for row in chunks_of(job_id)[1:]] == [[0, 1_000], [1_000, 2_000], [2_000, 2_999]]
     assert load(job_id).status == JobStatus.RUNNING  # no callback came (nobody consumes the chord)
-    counts = fanout.reap_chunks(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue)
+    counts = reaper.reap_work(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue,
+                              models=[JobChunk])
     assert counts["reduced"] == 1 and load(job_id).status == JobStatus.QUEUED
     assert execute_job(job_id, worker="host:3:finisher") == JobStatus.SUCCEEDED
     job = load(job_id)

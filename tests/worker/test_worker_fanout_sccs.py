@@ -30,10 +30,11 @@ from store.models import JobChunk
 from tests.kernels.sccs.test_sccs_chunks import comparable, frames
 from tests.worker.conftest import WorkerProcess, load, wait_for
 from tests.worker.test_worker_fanout import chunks_of, finished, start_workers
-from worker import fanout
+from worker import fanout, reaper
+from worker.dataset_loader import dataset_loader
 from worker.device import job_cache
+from worker.execute import execute_job
 from worker.progress import JobProgress
-from worker.tasks import dataset_loader, execute_job
 
 pytestmark = pytest.mark.slow
 
@@ -181,7 +182,8 @@ def test_a_bootstrap_split_whose_callback_is_lost_is_finished_by_a_worker_exactl
         assert fanout.execute_chunk(row.id, f"host:2:{row.chunk_index}") == JobStatus.SUCCEEDED
     assert len(job_cache) == 1  # this process keeps the job's built tables for its finish
     assert load(job_id).status == JobStatus.RUNNING  # no callback came (nobody consumes the chord)
-    counts = fanout.reap_chunks(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue)
+    counts = reaper.reap_work(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue,
+                              models=[JobChunk])
     assert counts["reduced"] == 1
     job = load(job_id)
     assert job.status == JobStatus.QUEUED and job.attempts == 0 and job.worker is None

@@ -21,10 +21,11 @@ from kernels.crve import jobs as crve_jobs
 from kernels.registry import get_kind
 from store import chunks as chunk_store
 from store import jobs as job_store
+from store import work
 from store.db import get_engine, session_scope
 from store.models import JobChunk, utcnow
 from tests.worker.conftest import comparable, load, submit
-from worker import fanout
+from worker import fanout, reaper
 from worker.device import worker_device
 from worker.progress import JobProgress
 
@@ -74,7 +75,8 @@ def test_chunks_reduce_to_the_single_run_and_a_lost_callback_is_reduced_by_a_rea
         assert fanout.execute_chunk(row.id, f"host:2:{row.chunk_index}") == JobStatus.SUCCEEDED
         assert fanout.execute_chunk(row.id, "host:3:late") is None  # a duplicate message does nothing
     assert load(fanned_job).status == JobStatus.RUNNING  # no callback came (no worker consumes the chord)
-    counts = fanout.reap_chunks(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue)
+    counts = reaper.reap_work(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue,
+                              models=[JobChunk])
     assert counts["reduced"] == 1
     job = load(fanned_job)
     assert job.status == JobStatus.SUCCEEDED and job.progress == 1.0
@@ -96,7 +98,8 @@ def test_the_last_chunk_to_succeed_ends_its_job_without_the_callback(fanned_job:
     assert comparable(job.result) == comparable(run_kind(get_kind("crve_montecarlo"), PARAMS,
                                                          local_context(device="cpu")))
     assert fanout.settle(fanned_job) is None  # the callback, when it comes, finds it done
-    counts = fanout.reap_chunks(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue)
+    counts = reaper.reap_work(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue,
+                              models=[JobChunk])
     assert counts["reduced"] == 0
 
 
@@ -130,9 +133,9 @@ def test_a_settle_reads_the_chunks_outputs_only_to_reduce_them(fanned_job: str) 
 def test_a_failed_chunk_fails_the_job_at_once_and_cancels_the_queued_chunks(fanned_job: str) -> None:
     first, second = rows(fanned_job)[1:3]
     with session_scope() as session:
-        assert chunk_store.claim_chunk(session, first.id, worker="w", device="cpu")
+        assert work.claim(session, JobChunk, first.id, worker="w", device="cpu")
         error = {"type": "ValueError", "code": "kernel_error", "message": "chunk 1: bad", "correlation_id": "x"}
-        assert chunk_store.finish_chunk(session, first.id, worker="w", status=JobStatus.FAILED, error=error)
+        assert work.finish(session, JobChunk, first.id, worker="w", status=JobStatus.FAILED, error=error)
     assert fanout.settle(fanned_job) == JobStatus.FAILED
     job = load(fanned_job)
     assert job.status == JobStatus.FAILED and job.error["message"] == "chunk 1: bad" and job.result is None
@@ -158,9 +161,10 @@ def test_a_stale_chunk_is_requeued_alone_until_its_attempts_are_spent(fanned_job
     chunk = rows(fanned_job)[2]
     for attempt in (1, 2):
         with session_scope() as session:
-            assert chunk_store.claim_chunk(session, chunk.id, worker=f"lost-{attempt}", device="cpu")
+            assert work.claim(session, JobChunk, chunk.id, worker=f"lost-{attempt}", device="cpu")
             session.get(JobChunk, chunk.id).heartbeat_at = utcnow() - timedelta(seconds=60)
-        counts = fanout.reap_chunks(timedelta(seconds=30), max_attempts=2, idle=False, queue=get_settings().queue)
+        counts = reaper.reap_work(timedelta(seconds=30), max_attempts=2, idle=False, queue=get_settings().queue,
+                                  models=[JobChunk])
         if attempt == 1:
             assert counts["chunks_requeued"] == 1 and rows(fanned_job)[2].status == JobStatus.QUEUED
             assert load(fanned_job).status == JobStatus.RUNNING

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from core.settings import get_settings
 from kernels.registry import get_kind
-from store import jobs as job_store
+from store import work
 from store.artifacts import pending_outcome_path
 from store.db import session_scope
 from store.models import Job, utcnow
@@ -37,8 +37,9 @@ from tests.worker.conftest import (
     wait_for,
 )
 from worker import infra
+from worker.execute import execute_job
 from worker.infra import InfrastructureUnavailable, retry_infrastructure
-from worker.tasks import execute_job, reap_once
+from worker.reaper import reap_once
 
 POSTGRES = [pytest.param("servers", marks=pytest.mark.servers)]
 
@@ -127,8 +128,9 @@ def test_broker_errors_are_infrastructure() -> None:
 
 
 def failing_for(monkeypatch: pytest.MonkeyPatch, name: str, failures: int | None) -> list[int]:
-    """``store.jobs.<name>`` raises a dropped connection for its first ``failures`` calls (None: always)."""
-    real = getattr(job_store, name)
+    """``store.work.<name>`` (the lifecycle of jobs and chunks) raises a dropped connection for its first
+    ``failures`` calls (None: always)."""
+    real = getattr(work, name)
     calls = [0]
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
@@ -137,7 +139,7 @@ def failing_for(monkeypatch: pytest.MonkeyPatch, name: str, failures: int | None
             raise dropped_connection(f"{name.upper()} jobs ... [host db.internal:5432 pid 4242]")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(job_store, name, flaky)
+    monkeypatch.setattr(work, name, flaky)
     return calls
 
 
@@ -182,7 +184,7 @@ def must_not_run(_params: Any, _ctx: Any) -> Any:
 
 def forbid_running_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     real = get_kind(KIND)
-    monkeypatch.setattr("worker.tasks.get_kind", lambda _name: dataclasses.replace(real, run=must_not_run))
+    monkeypatch.setattr("worker.execute.get_kind", lambda _name: dataclasses.replace(real, run=must_not_run))
 
 
 def make_silent(job_id: str, **values: Any) -> None:
@@ -239,7 +241,7 @@ def test_a_database_error_raised_through_the_kernel_hands_the_job_back(stack_env
 
     job_id = submit(SMALL)
     with pytest.MonkeyPatch.context() as outage:
-        outage.setattr("worker.tasks.get_kind", lambda _name: dataclasses.replace(real, run=runner_hit_by_an_outage))
+        outage.setattr("worker.execute.get_kind", lambda _name: dataclasses.replace(real, run=runner_hit_by_an_outage))
         assert execute_job(job_id, worker="w1") is None
     job = load(job_id)
     # Back in the queue with its attempt given back, for the next worker; no error for the user.
@@ -256,7 +258,7 @@ def test_users_see_a_code_and_message_never_the_internals(
     def buggy(_params: Any, _ctx: Any) -> Any:
         raise RuntimeError("cannot open /srv/gpuest/var/cuda-cache/x.cubin on gpu-host-7:31337")
 
-    monkeypatch.setattr("worker.tasks.get_kind", lambda _name: dataclasses.replace(real, run=buggy))
+    monkeypatch.setattr("worker.execute.get_kind", lambda _name: dataclasses.replace(real, run=buggy))
     job_id = submit(SMALL)
     assert execute_job(job_id, worker="gpu-host-7:31337:abcd") == "failed"
     error = load(job_id).error
@@ -268,7 +270,7 @@ def test_users_see_a_code_and_message_never_the_internals(
     def not_converged(_params: Any, _ctx: Any) -> Any:
         raise ValueError("policy step did not converge in 500 iterations; raise max_policy_iterations")
 
-    monkeypatch.setattr("worker.tasks.get_kind", lambda _name: dataclasses.replace(real, run=not_converged))
+    monkeypatch.setattr("worker.execute.get_kind", lambda _name: dataclasses.replace(real, run=not_converged))
     job_id = submit(SMALL)
     assert execute_job(job_id, worker="w1") == "failed"
     error = load(job_id).error
@@ -299,7 +301,7 @@ def test_terminated_backend_under_a_worker_statement_is_survived(
 ) -> None:
     """pg_terminate_backend of the very connection the worker is about to run ``operation`` on (the issue's
     failure: a progress UPDATE on a terminated connection failed the job)."""
-    real = getattr(job_store, operation)
+    real = getattr(work, operation)
     terminated: list[int] = []
 
     def on_a_terminated_connection(session: Session, *args: Any, **kwargs: Any) -> Any:
@@ -309,7 +311,7 @@ def test_terminated_backend_under_a_worker_statement_is_survived(
             terminated.append(pid)
         return real(session, *args, **kwargs)
 
-    monkeypatch.setattr(job_store, operation, on_a_terminated_connection)
+    monkeypatch.setattr(work, operation, on_a_terminated_connection)
     job_id = submit(SMALL)
     assert execute_job(job_id, worker="w1") == "succeeded"
     assert len(terminated) == 2 and terminated[0] != terminated[1]

@@ -20,7 +20,8 @@ from store import jobs as job_store
 from store.db import session_scope
 from store.models import Job, utcnow
 from tests.worker.conftest import LONG, SMALL, comparable, load, reference_result, submit, wait_for
-from worker.tasks import execute_job, reap_once
+from worker.execute import execute_job
+from worker.reaper import reap_once
 
 
 def test_job_runs_to_success_with_device_and_timings(stack_env: dict[str, str]) -> None:
@@ -61,7 +62,7 @@ def test_kernel_error_fails_the_job_with_a_readable_reason(
         ctx.progress(0.0, "starting the kernel")
         raise raised
 
-    monkeypatch.setattr("worker.tasks.get_kind", lambda name: dataclasses.replace(real, run=failing_run))
+    monkeypatch.setattr("worker.execute.get_kind", lambda name: dataclasses.replace(real, run=failing_run))
     job_id = submit(SMALL)
     assert execute_job(job_id, worker="w1") == "failed"
     job = load(job_id)
@@ -184,10 +185,10 @@ def test_reaper_resends_only_its_own_queues_jobs_whose_last_send_is_stale(stack_
 def test_reaper_resends_nothing_while_its_worker_runs_or_just_ran_a_job(
     stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from worker import tasks
+    from worker import reaper
 
-    activity = tasks.Activity()
-    monkeypatch.setattr(tasks, "_activity", activity)
+    activity = reaper.Activity()
+    monkeypatch.setattr(reaper, "activity", activity)
     waiting = submit(SMALL)  # behind a long job, say: its message is not lost, only not taken yet
     long_ago = utcnow() - timedelta(hours=1)
     _set_times(waiting, created_at=long_ago, enqueued_at=long_ago)

@@ -20,8 +20,9 @@ from core.status import TERMINAL_STATUSES
 from store import jobs as job_store
 from tests import servers
 from tests.worker.conftest import LONG, WorkerProcess, comparable, load, reference_result, submit, wait_for
+from worker.execute import REQUEUED_STAGE
 from worker.health import problem
-from worker.tasks import EXIT_NOT_READY, REQUEUED_STAGE
+from worker.tasks import EXIT_NOT_READY
 
 
 def messages_waiting(queue: str) -> int:
@@ -101,8 +102,8 @@ def test_sigterm_hands_the_running_job_back_and_the_next_worker_finishes_it(
 
 
 def test_a_stopping_worker_passes_a_new_message_on_without_claiming(stack_env: dict[str, str]) -> None:
+    from worker.execute import execute_job
     from worker.progress import worker_stopping
-    from worker.tasks import execute_job
 
     job_id = submit(LONG)
     worker_stopping.set()
@@ -161,13 +162,13 @@ def stop_mid_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         passed.append("block 2")
         raise AssertionError("the checkpoint after the shutdown did not stop the job")
 
-    monkeypatch.setattr("worker.tasks.get_kind", lambda name: dataclasses.replace(real, run=runner))
+    monkeypatch.setattr("worker.execute.get_kind", lambda name: dataclasses.replace(real, run=runner))
     yield passed
     worker_stopping.clear()
 
 
 def test_the_next_checkpoint_after_a_shutdown_hands_the_job_back(stack_env: dict[str, str], stop_mid_run) -> None:
-    from worker.tasks import execute_job
+    from worker.execute import execute_job
 
     job_id = submit(LONG)
     assert execute_job(job_id, worker="w1") == "queued"
@@ -184,7 +185,7 @@ def test_a_job_cancelled_while_its_worker_stops_ends_cancelled(
     stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from store.db import session_scope
-    from worker.tasks import execute_job
+    from worker.execute import execute_job
 
     release = job_store.release
 

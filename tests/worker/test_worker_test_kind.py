@@ -19,11 +19,12 @@ from kernels.context import RunContext, local_context, run_kind
 from store import chunks as chunk_store
 from store import jobs as job_store
 from store.db import session_scope
+from store.models import JobChunk
 from tests.kinds import echo
 from tests.worker.conftest import WorkerProcess, comparable, load, submit, wait_for
-from worker import fanout
+from worker import fanout, reaper
+from worker.execute import execute_job
 from worker.progress import JobProgress
-from worker.tasks import execute_job
 
 ECHO_MODULE = "tests.kinds.echo"
 WORKER = "host:1:parent"
@@ -86,7 +87,8 @@ def test_the_generic_fan_out_splits_the_registered_kind_and_reduces_it_exactly(
         assert [row.spec["blocks"] for row in rows] == [[0, 1], [1, 3], [3, 5], [5, 6]]
     for chunk_id in reversed(chunk_ids):
         assert fanout.execute_chunk(chunk_id, "host:2:chunk") == JobStatus.SUCCEEDED
-    counts = fanout.reap_chunks(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue)
+    counts = reaper.reap_work(timedelta(seconds=0), max_attempts=3, idle=False, queue=get_settings().queue,
+                              models=(JobChunk,))
     assert counts["reduced"] == 1
     job = load(job_id)
     assert job.status == JobStatus.SUCCEEDED and job.timings["chunks"] == 4

@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from core.queue import send
 from core.settings import Settings, get_settings
 from kernels import registry as kind_registry
+from kernels.fanout import Split
 from store import chunks as chunk_store
 from store import jobs as job_store
 from store.db import session_scope
 from tests.kinds import sleepy
-from tests.worker.conftest import SMALL, load, submit
+from tests.worker.conftest import SMALL, WorkerProcess, load, submit, wait_for
 from worker import fanout
 from worker.execute import execute_job
 from worker.time_limit import (
+    EXIT_TIME_LIMIT,
     TIME_LIMIT_CODE,
     Deadline,
     TimeLimit,
@@ -28,14 +31,15 @@ from worker.time_limit import (
     time_limit,
 )
 
+SLEEPY_MODULE = "tests.kinds.sleepy"
+
 
 @pytest.fixture
 def sleepy_kind(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The test kind registered in this process (the one place that registers it)."""
-    monkeypatch.setattr(kind_registry, "_KIND_MODULES", (*kind_registry._KIND_MODULES, "tests.kinds.sleepy"))
-    kind_registry.registry.cache_clear()
+    kind_registry.add_kind_modules(SLEEPY_MODULE)
     yield sleepy.KIND
-    kind_registry.registry.cache_clear()
+    kind_registry.remove_kind_modules(SLEEPY_MODULE)
 
 
 @pytest.fixture
@@ -115,7 +119,7 @@ def test_a_hung_job_is_failed_at_its_hard_limit_and_the_process_ends(sleepy_kind
 def test_a_hung_chunk_fails_its_job_at_the_hard_limit(sleepy_kind: str, short_limits: None,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # A fanned-out job of the sleepy kind: its chunk sleeps without a checkpoint.
-    split = fanout.Split(plan=lambda *args: [{"size": 1}], lead=lambda params, ctx, specs: ({}, {}, specs),
+    split = Split(plan=lambda *args: [{"size": 1}], lead=lambda params, ctx, specs: ({}, {}, specs),
                          run=lambda params, ctx, spec: sleepy.run(params, ctx).model_dump(), reduce=None)
     monkeypatch.setattr(fanout, "SPLITS", {**fanout.SPLITS, sleepy_kind: split})
     job_id = submit({"seconds": 4}, kind=sleepy_kind)
@@ -130,3 +134,22 @@ def test_a_hung_chunk_fails_its_job_at_the_hard_limit(sleepy_kind: str, short_li
     job = load(job_id)
     assert (job.status, job.error["code"]) == ("failed", TIME_LIMIT_CODE)
     assert job.error["message"].startswith("chunk 1: the job ran past its hard time limit")
+
+
+@pytest.mark.slow
+def test_a_worker_process_frees_its_device_at_a_hung_jobs_hard_limit(
+    stack_env: dict[str, str], start_worker: Callable[[], WorkerProcess]
+) -> None:
+    """The real thing: a worker process serving the sleepy kind (GPUEST_EXTRA_KIND_MODULES) runs a kernel that
+    hangs; at the hard limit the job is failed with the time-limit code and the process exits on its own."""
+    stack_env.update(GPUEST_EXTRA_KIND_MODULES=f'["{SLEEPY_MODULE}"]', GPUEST_TIME_LIMIT_MAX_SECONDS="1",
+                     GPUEST_TIME_LIMIT_GRACE_SECONDS="1")
+    worker = start_worker()
+    wait_for(lambda: "worker ready" in worker.output() or worker.process.poll() is not None, 120, "the worker")
+    job_id = submit({"seconds": 60}, kind=sleepy.KIND, queue=stack_env["GPUEST_QUEUE"])
+    send(job_id, queue=stack_env["GPUEST_QUEUE"])
+    wait_for(lambda: worker.process.poll() is not None, 90, "the worker process to end at the hard limit")
+    assert worker.process.returncode == EXIT_TIME_LIMIT, worker.output()[-3000:]
+    job = load(job_id)
+    assert (job.status, job.error["code"]) == ("failed", TIME_LIMIT_CODE), worker.output()[-3000:]
+    assert "hard time limit of 2 s" in job.error["message"]

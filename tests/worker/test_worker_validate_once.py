@@ -14,7 +14,7 @@ import kernels.crve.spec
 from kernels.crve.formula import ParsedFormula, parse_formula
 from kernels.crve.spec import BootstrapParams, MonteCarloParams
 from kernels.spec import JobParams
-from worker.tasks import execute_job
+from worker.execute import execute_job
 
 BOOTSTRAP = {"synthetic": {"n_obs": 300, "n_clusters": 12, "n_regressors": 2, "n_fe": 3, "seed": 2},
              "formula": "y ~ x1 + x2 | fe", "cluster": "cluster", "param": "x1", "reps": 99, "seed": 3}

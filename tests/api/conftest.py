@@ -17,6 +17,7 @@ from api_helpers import MAX_UPLOAD_BYTES
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+import core.queue
 from core.settings import get_settings
 from store import db
 from store.db import session_scope
@@ -88,6 +89,9 @@ def api_env(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     clear_cached_settings()
+    # The Celery app is built once per process from the settings of that moment: this test's broker and
+    # result backend, not an earlier test's (whose data directory may be gone).
+    monkeypatch.setattr(core.queue, "_celery_app", None)
     if request.param == "servers":
         upgrade_to_head()
         _empty_tables(env["GPUEST_DATABASE_URL"])

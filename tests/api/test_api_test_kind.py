@@ -15,6 +15,7 @@ from api_helpers import assert_problem
 from conftest import clear_cached_settings
 from fastapi import FastAPI
 
+import api.app
 import api.routes.jobs
 from core.status import JobStatus
 from kernels import registry
@@ -27,13 +28,19 @@ ECHO_MODULE = "tests.kinds.echo"
 
 @pytest.fixture
 def echo_registered() -> Iterator[None]:
-    """The echo kind registered, and the jobs router built again from the registry (as a fresh API process
-    builds it at import: its request body is the union of the kinds' params); both undone after the test."""
+    """The echo kind registered, and the API's modules imported again from the registry (as a fresh API
+    process imports them with GPUEST_EXTRA_KIND_MODULES set: the create-job body is the union of the kinds'
+    params, built at import); both undone after the test."""
     registry.add_kind_modules(ECHO_MODULE)
-    importlib.reload(api.routes.jobs)
+    _import_the_api_again()
     yield
     registry.remove_kind_modules(ECHO_MODULE)
+    _import_the_api_again()
+
+
+def _import_the_api_again() -> None:
     importlib.reload(api.routes.jobs)
+    importlib.reload(api.app)  # its ROUTERS hold the jobs router just made
 
 
 @pytest.fixture

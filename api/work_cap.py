@@ -1,6 +1,6 @@
 """The CPU work cap at submission: where the API knows its jobs run on CPU workers, a job whose
 work (kernels/work.py) passes its kind's ``cpu_max_work`` is refused with a 422 naming the field to shrink,
-the cap and how to raise it. Elsewhere the CPU worker refuses it before computing (worker/tasks.py)."""
+the cap and how to raise it. Elsewhere the CPU worker refuses it before computing (worker/execute.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ device (issue 19).
 The scaling bench (``bench/scaling_bench.py``) times jobs through the HTTP API and reads their stages; the
 seconds between the stages (reading the tables into columns, storing artifacts and the result, the finish's
 assembly) are not named there. This script runs the same job in this process through the worker's own entry
-points (``worker.tasks.execute_job``, ``worker.fanout.execute_chunk``) on an embedded store, each run under
+points (``worker.execute.execute_job``, ``worker.fanout.execute_chunk``) on an embedded store, each run under
 ``cProfile``, and prints its wall seconds, its stages and the functions of this repository (and CuPy's, NumPy's,
 pandas') that took the most cumulative time.
 
@@ -87,7 +87,7 @@ def main() -> None:
     from store.migrate import upgrade_to_head
     from worker import fanout
     from worker.device import job_cache
-    from worker.tasks import execute_job
+    from worker.execute import execute_job
 
     celery_state._task_join_will_block = True  # as inside a worker: a chord may be sent from here
     get_settings.cache_clear()

@@ -6,7 +6,7 @@ otherwise) and the auth switch. A supervisor thread restarts a child that dies (
 ``kill -9`` comes back and the reaper re-runs its job). Children run in their own session so a terminal's
 Ctrl-C reaches only this process, which then stops them in order: SIGTERM, a grace period, SIGKILL (and
 says so). On SIGTERM the worker hands a running job back to the queue at the job's next progress
-checkpoint (worker.tasks), so the job runs again first thing when the stack comes back.
+checkpoint (worker/tasks.py hands it back), so the job runs again first thing when the stack comes back.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ RUN_JOB_TASK = "gpuest.run_job"
 SQLALCHEMY_POLLING_SECONDS = 0.05
 # Celery message priority per job priority. Redis (kombu) keeps one list per step of priority_steps and
 # takes from the smallest step first: 0 is the highest. (kombu's SQLAlchemy transport ignores priorities:
-# the worker orders queued jobs itself, see worker.tasks.execute_job.)
+# the worker orders queued jobs itself, see worker.execute.execute_job.)
 MESSAGE_PRIORITY = {JobPriority.HIGH: 0, JobPriority.NORMAL: 3, JobPriority.LOW: 6}
 REDIS_PRIORITY_STEPS = [0, 3, 6, 9]
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from kernels.crve import BOOTSTRAP_KIND, MONTECARLO_KIND
 from kernels.crve.formula import FormulaText, ParsedFormula, column_problems, parse_formula, parse_of
 from kernels.crve.hypothesis import submission_problems
 from kernels.spec import JobParams, ResultModel, ResultPart
@@ -153,7 +154,7 @@ class MonteCarloParams(JobParams):
 
 
 class MonteCarloResult(ResultModel):
-    kind: Literal["crve_montecarlo"] = "crve_montecarlo"
+    kind: Literal[MONTECARLO_KIND] = MONTECARLO_KIND  # type: ignore[valid-type]
     test: str
     replications: int
     n_clusters: int
@@ -504,7 +505,7 @@ class FixedEffectInfo(ResultPart):
 
 
 class BootstrapResult(ResultModel):
-    kind: Literal["crve_bootstrap"] = "crve_bootstrap"
+    kind: Literal[BOOTSTRAP_KIND] = BOOTSTRAP_KIND  # type: ignore[valid-type]
     param: str | None = Field(description="the tested coefficient (null when the hypothesis was given as text)")
     r: float | None
     hypothesis: list[str] = Field(description="the restrictions tested (param and r as 'param = r')")

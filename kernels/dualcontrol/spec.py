@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from kernels.dualcontrol import SOLVE_KIND
 from kernels.spec import JobParams, ResultModel, ResultPart
 
 DEFAULT_TOLERANCE = {"inert": 1e-6, "myopic": 1e-6, "optimal": 1e-4}
@@ -253,7 +254,7 @@ class LevelReport(ResultPart):
 
 
 class DualControlResult(ResultModel):
-    kind: Literal["dualcontrol_solve"] = "dualcontrol_solve"
+    kind: Literal[SOLVE_KIND] = SOLVE_KIND  # type: ignore[valid-type]
     policy: str
     tolerance: float
     convergence: str

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from kernels.ks import SOLVE_KIND
 from kernels.ks.inputs import JEDC_PERIODS
 from kernels.ks.model import (
     CALIBRATION_PRESETS,
@@ -304,7 +305,7 @@ class AccuracyStats(ResultPart):
 
 
 class KSSolveResult(ResultModel):
-    kind: Literal["ks_solve"] = "ks_solve"
+    kind: Literal[SOLVE_KIND] = SOLVE_KIND  # type: ignore[valid-type]
     alm: ALM
     den_haan_error: DenHaanError | None
     iterations: int

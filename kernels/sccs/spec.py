@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from kernels.sccs import ANALYSES_KIND, ERAS_KIND, FIT_KIND
 from kernels.spec import JobParams, ResultModel, ResultPart
 
 DEFAULT_CV_SEED = 20130411
@@ -360,7 +361,7 @@ class CalibrationSummary(ResultPart):
 
 
 class SccsResult(ResultModel):
-    kind: Literal["sccs_fit"] = "sccs_fit"
+    kind: Literal[FIT_KIND] = FIT_KIND  # type: ignore[valid-type]
     coefficients: list[Coefficient]
     log_likelihood: float = Field(description="conditional Poisson log-likelihood (without the multinomial constant)")
     log_posterior: float = Field(description="log_likelihood + log prior density (with its normalising constants)")
@@ -699,7 +700,7 @@ class AnalysisRow(ResultPart):
 
 
 class SccsAnalysesResult(ResultModel):
-    kind: Literal["sccs_analyses"] = "sccs_analyses"
+    kind: Literal[ANALYSES_KIND] = ANALYSES_KIND  # type: ignore[valid-type]
     analyses: list[AnalysisRow] = Field(description="one per exposure-outcome pair: in the order of pairs, or by "
                                         "outcome and then in the order of exposures (or of covariates)")
     calibration: CalibrationSummary | None = Field(description="the null and error model (null: no controls)")
@@ -812,7 +813,7 @@ class EraOutcome(ResultPart):
 
 
 class SccsErasResult(ResultModel):
-    kind: Literal["sccs_eras"] = "sccs_eras"
+    kind: Literal[ERAS_KIND] = ERAS_KIND  # type: ignore[valid-type]
     outcomes: list[EraOutcome] | None = Field(
         default=None, description="per outcome, when the events table has outcomeId: the tables then stack every "
         "outcome's eras (the outcomes artifact has outcomeId; a stratum is (outcomeId, stratumId))",

@@ -6,14 +6,19 @@ from __future__ import annotations
 import functools
 import os
 import sqlite3
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from kernels.backend import get_namespace, gpu_available
+
+# Hypothesis keeps its example database and caches in a temporary directory, not in the checkout.
+set_hypothesis_home_dir(tempfile.mkdtemp(prefix="gpuest-hypothesis-"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,4 +1,4 @@
-"""Job groups (sweeps, issue 16): one row per group and its member jobs, created in one transaction; the
+"""Job groups (sweeps): one row per group and its member jobs, created in one transaction; the
 group's status, progress and counts are aggregated from the members whenever they are read, so there is no
 second copy of a member's state to fall out of step."""
 

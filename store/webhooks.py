@@ -1,4 +1,4 @@
-"""Webhooks (issue 16): a job or job group submitted with a ``callback_url`` is announced to that URL once it
+"""Webhooks: a job or job group submitted with a ``callback_url`` is announced to that URL once it
 finishes, with a signed JSON body; the rows of ``webhook_deliveries`` are the truth, so a worker restart loses
 no delivery.
 

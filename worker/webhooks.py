@@ -1,4 +1,4 @@
-"""Webhook delivery (issue 16), run by every worker in a thread beside the reaper: each pass fixes the body of
+"""Webhook delivery, run by every worker in a thread beside the reaper: each pass fixes the body of
 deliveries whose job or group has finished, claims the due ones and POSTs each once, signed
 (store/webhooks.py has the scheme). A failed attempt is retried with exponential backoff up to
 ``webhook_max_attempts``; every attempt is recorded on the row and in the job's event log. The rows are the

@@ -28,7 +28,7 @@ the quadratic exactness, this exact cubic error term and its eightfold fall per 
   the point clamped to the grid first. It is a pure pointwise filter (no coefficient solve), exact on
   tensor products of cubics in (k, K), fourth-order accurate, continuous but not C^1 at the nodes. Why not
   Catmull-Rom: on the k grid k_min + (k_max - k_min)(i/(n-1))^7 a policy that is smooth in k is a
-  degree-7-like curve in the grid coordinate, where a quadratic-exact filter is poor (issue 12: Euler
+  degree-7-like curve in the grid coordinate, where a quadratic-exact filter is poor (its Euler
   errors and slopes far from MMV's, who use MATLAB's cubic spline in physical k). With four K nodes (the
   default) the K filter IS the not-a-knot cubic spline (the one cubic through the four nodes), and along k
   it agrees with the spline to within the spline's own error (docs/ks.md gives the comparison with

@@ -12,9 +12,7 @@ from collections.abc import Callable
 import pytest
 from fastapi.testclient import TestClient
 
-import kernels.crve.formula
-import kernels.crve.spec
-from kernels.crve.formula import ParsedFormula, parse_formula
+from tests.formula_parses import count_parses
 
 CSV = b"y,x1,x2,z,firm,year\n" + b"".join(
     f"{i * 0.5 + (i % 3)},{i},{(i * 7) % 11},{(i * 5) % 13},{i % 4},{i % 5}\n".encode() for i in range(40)
@@ -24,15 +22,7 @@ CSV = b"y,x1,x2,z,firm,year\n" + b"".join(
 @pytest.fixture
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The formulas parsed from here on (wherever crve code parses one)."""
-    seen: list[str] = []
-
-    def counting(formula: str) -> ParsedFormula:
-        seen.append(str(formula))
-        return parse_formula(formula)
-
-    monkeypatch.setattr(kernels.crve.spec, "parse_formula", counting)
-    monkeypatch.setattr(kernels.crve.formula, "parse_formula", counting)
-    return seen
+    return count_parses(monkeypatch)
 
 
 @pytest.fixture

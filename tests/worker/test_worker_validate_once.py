@@ -9,11 +9,9 @@ from typing import Any
 import pytest
 from conftest import SMALL, _clear_caches, load, submit
 
-import kernels.crve.formula
-import kernels.crve.spec
-from kernels.crve.formula import ParsedFormula, parse_formula
 from kernels.crve.spec import BootstrapParams, MonteCarloParams
 from kernels.spec import JobParams
+from tests.formula_parses import count_parses
 from worker.execute import execute_job
 
 BOOTSTRAP = {"synthetic": {"n_obs": 300, "n_clusters": 12, "n_regressors": 2, "n_fe": 3, "seed": 2},
@@ -40,18 +38,6 @@ def count_validations(monkeypatch: pytest.MonkeyPatch, model: type[JobParams]) -
 
     monkeypatch.setattr(model, "model_validate", classmethod(counting))
     return calls
-
-
-def count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    seen: list[str] = []
-
-    def counting(formula: str) -> ParsedFormula:
-        seen.append(str(formula))
-        return parse_formula(formula)
-
-    monkeypatch.setattr(kernels.crve.spec, "parse_formula", counting)
-    monkeypatch.setattr(kernels.crve.formula, "parse_formula", counting)
-    return seen
 
 
 def test_a_run_rebuilds_the_params_once(every_path: None, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,8 +28,12 @@ PlotFormat = Literal["svg", "png"]
 MEDIA_TYPES: dict[str, str] = {"svg": "image/svg+xml", "png": "image/png"}
 
 # Text stays text in SVG (searchable, selectable, and what the browser tests read); a fixed hash salt keeps the
-# element ids, and so the file, the same from one rendering to the next.
+# element ids, and so the file, the same from one rendering to the next. Labels come from user text (covariate,
+# parameter and column names, hypotheses): with math parsing off, a "$" in them is drawn as typed, never read as
+# mathtext (which fails on an unknown command such as "$\foo$"), for every text of every plot.
 _STYLE = {
+    "text.parse_math": False,
+    "text.usetex": False,
     "svg.fonttype": "none",
     "svg.hashsalt": "gpuest",
     "font.size": 10,

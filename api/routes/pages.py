@@ -63,7 +63,9 @@ async def api(request: Request, key: str | None = None) -> AsyncIterator[httpx.A
     """A client of this application's own /v1 routes, as the signed-in user (or with ``key``)."""
     key = key or api_key(request)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    transport = httpx.ASGITransport(app=request.app)
+    # An exception in a route reaches the page as the API's 500 answer (which the page shows as it shows any
+    # refusal), not as an exception that would turn the whole page into a 500.
+    transport = httpx.ASGITransport(app=request.app, raise_app_exceptions=False)
     async with httpx.AsyncClient(
         transport=transport, base_url="http://dashboard", headers=headers, timeout=60
     ) as client:
@@ -253,9 +255,7 @@ async def job_page(request: Request, job_id: str) -> Response:
                 result = (await client.get(f"/v1/jobs/{job_id}/result")).json()
                 artifacts = (await client.get(f"/v1/jobs/{job_id}/artifacts")).json()
                 for entry in (await client.get(f"/v1/jobs/{job_id}/plots")).json():
-                    plot = await drawn_plot(client, entry, request.query_params)
-                    if plot is not None:
-                        plots.append(plot)
+                    plots.append(await drawn_plot(client, entry, request.query_params))
     except SignInRequired:
         return to_signin()
     return render(
@@ -277,17 +277,26 @@ async def job_page(request: Request, job_id: str) -> Response:
 async def drawn_plot(client: httpx.AsyncClient, entry: Mapping[str, Any],
                      query: Mapping[str, str]) -> dict[str, Any] | None:
     """One plot of the job page, drawn with the options the page's query chose for it (``<plot>.<option>``);
-    an option the API refuses is shown beside the plot drawn without it."""
+    an option the API refuses is shown beside the plot drawn without it, and a plot the API cannot draw has no
+    ``svg`` (the page says it is unavailable)."""
     prefix = f"{entry['name']}."
     chosen = {key.removeprefix(prefix): value for key, value in query.items() if key.startswith(prefix) and value}
     svg = await client.get(entry["href"], params=chosen)
     error = None
-    if svg.status_code == 422 and chosen:
+    if svg.status_code == 422 and chosen and problem_slug(svg) == "invalid-plot-option":
         error = svg.json().get("detail")
         svg = await client.get(entry["href"])
     if svg.status_code != 200:
-        return None
+        return {**entry, "svg": None, "chosen": chosen, "error": error}
     return {**entry, "svg": inline_svg(svg.text), "chosen": chosen, "error": error}
+
+
+def problem_slug(response: httpx.Response) -> str:
+    """The last part of a problem answer's ``type`` ("" for an answer that is not a problem)."""
+    try:
+        return str(response.json().get("type", "")).rsplit("/", 1)[-1]
+    except (ValueError, AttributeError):
+        return ""
 
 
 def inline_svg(document: str) -> str:

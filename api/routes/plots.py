@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
+import structlog
 from fastapi import APIRouter, Query, Request, Response
 from fastapi import Path as PathParam
 from pydantic import BaseModel
@@ -30,6 +31,7 @@ from store.db import storable_text
 from store.models import Job
 
 router = APIRouter(prefix="/v1/jobs", tags=["plots"])
+log = structlog.get_logger("gpuest.api")
 
 PlotNamePath = Annotated[str, PathParam(min_length=1, max_length=64, description="plot name (see the list)")]
 PlotFormatQuery = Annotated[Literal["svg", "png"], Query(description="svg (default) or png")]
@@ -100,8 +102,9 @@ def chosen_options(spec: PlotSpec, query: Mapping[str, str]) -> dict[str, float]
 
 
 def plot_bytes(job: Job, name: str, fmt: str, query: Mapping[str, str]) -> bytes:
-    """The rendered plot, or the 404 problem when this job has no such plot (or lacks what it needs), or the
-    422 problem naming an option the plot does not take or cannot draw."""
+    """The rendered plot, or the 404 problem when this job has no such plot (or lacks what it needs), the 422
+    problem naming an option the plot does not take or cannot draw, or the 422 plot-unavailable problem when
+    drawing fails."""
     data = job_data(job)
     spec = find_plot(data, name)
     if spec is None:
@@ -112,12 +115,20 @@ def plot_bytes(job: Job, name: str, fmt: str, query: Mapping[str, str]) -> bytes
         raise plot_not_found(job, name) from None
     except PlotOptionError as error:
         raise option_problem(error.option, str(error)) from None
+    except Exception:
+        # Stored data a plot cannot draw is this job's plot failing, not the service: a problem the page shows
+        # as "plot unavailable", with the cause in the log only.
+        log.exception("plot could not be drawn", job_id=job.id, plot=name, format=fmt)
+        raise ProblemError(
+            422, f"plot {name!r} of job {job.id} could not be drawn from its stored result", slug="plot-unavailable"
+        ) from None
 
 
 PLOT_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"description": "No such job for this API key, or no such plot for this job"},
     409: {"description": "The job has not succeeded (yet)"},
-    422: {"description": "An option the plot does not take, or a value it cannot draw"},
+    422: {"description": "An option the plot does not take, a value it cannot draw, or a plot this job's stored "
+          "result cannot draw (plot-unavailable)"},
 }
 
 

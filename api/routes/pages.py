@@ -23,7 +23,6 @@ from urllib.parse import quote
 import httpx
 import pyarrow.parquet as pq
 from fastapi import APIRouter, Form, Query, Request
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
@@ -535,17 +534,12 @@ async def delete_dataset(
 
 
 @router.get("/docs")
-async def swagger_ui() -> HTMLResponse:
-    return get_swagger_ui_html(
-        openapi_url="/openapi.json",
-        title="gpuest API",
-        swagger_js_url="/static/swagger/swagger-ui-bundle.js",
-        swagger_css_url="/static/swagger/swagger-ui.css",
-        swagger_favicon_url="/static/swagger/favicon-32x32.png",
-    )
+async def swagger_ui(request: Request) -> HTMLResponse:
+    """Swagger UI 5 (it reads OpenAPI 3.1) from fastapi-offline's files, started by /static/docs.js."""
+    return TEMPLATES.TemplateResponse(request, "docs.html", {})
 
 
 def swagger_dir() -> Path:
-    from swagger_ui_bundle import swagger_ui_path
+    import fastapi_offline
 
-    return Path(str(swagger_ui_path))
+    return Path(fastapi_offline.__file__).resolve().parent / "static"

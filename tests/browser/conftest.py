@@ -10,6 +10,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,7 +72,30 @@ def browser() -> Iterator[object]:
     options.binary_location = str(CHROMIUM)
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1366,900"):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, read by no_csp_violation
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     driver.implicitly_wait(0)
     yield driver
     driver.quit()
+
+
+def csp_violations(browser: Any) -> list[str]:
+    """The console's Content-Security-Policy reports since the last call (reading the log empties it)."""
+    return [
+        str(entry.get("message", ""))
+        for entry in browser.get_log("browser")
+        if "Content Security Policy" in str(entry.get("message", ""))
+    ]
+
+
+@pytest.fixture(autouse=True)
+def no_csp_violation(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every page a browser test opened ran under the service's Content-Security-Policy without a violation:
+    what the pages and Swagger UI load and run is what the policy allows."""
+    if "browser" not in request.fixturenames:
+        yield
+        return
+    browser = request.getfixturevalue("browser")
+    csp_violations(browser)  # the log so far belongs to earlier tests
+    yield
+    assert csp_violations(browser) == []

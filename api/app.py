@@ -18,6 +18,7 @@ from api.metrics import RequestMiddleware, build_registry
 from api.problems import PROBLEM_MEDIA_TYPE, install_problem_handlers, route_methods
 from api.routes import datasets, groups, health, jobs, pages, plots, webhooks
 from api.schemas import PROBLEM_RESPONSES
+from api.security_headers import SecurityHeaders
 from api.text_guard import StorableTextGuard
 from core.logging import configure_logging
 from core.settings import get_settings
@@ -91,6 +92,7 @@ def create_app() -> FastAPI:
                        exempt_prefixes=(datasets.router.prefix, pages.UPLOAD_PATH))
     app.add_middleware(StorableTextGuard)
     app.add_middleware(RequestMiddleware, metrics=http_metrics)
+    app.add_middleware(SecurityHeaders)  # outermost of ours: every answer of the app carries them
     _document_problems_as_problem_json(app)
     return app
 

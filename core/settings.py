@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +40,11 @@ class Settings(BaseSettings):
         True, description="Require `Authorization: Bearer <api key>` (`gpuest serve` sets it to false unless it is set)"
     )
     local_owner: str = Field("local", description="Owner of every job and dataset when auth is off")
+    cookie_secure: Literal["auto", "true", "false"] = Field(
+        "auto", description="Mark the dashboard's session and CSRF cookies `Secure`: `true` always (the service is "
+        "reached over HTTPS only), `false` never, `auto` when the request arrived over HTTPS (behind a TLS proxy "
+        "only if uvicorn trusts its `X-Forwarded-Proto`: `FORWARDED_ALLOW_IPS`)"
+    )
     max_upload_bytes: int = Field(
         512 * 1024 * 1024, ge=1, description="Largest dataset upload accepted, counted as sent and again once "
         "decompressed (a gzipped CSV, a Parquet file's columns)"

@@ -27,8 +27,9 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 DEPENDS_ON_CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 # Variables read outside Settings: the CUDA runtime picks the GPU from the first, kernels.backend the
-# array library from the second, uvicorn its number of server processes from the third.
-EXTERNAL_ENV = {"CUDA_VISIBLE_DEVICES", "GPUEST_DEVICE", "WEB_CONCURRENCY"}
+# array library from the second, uvicorn its number of server processes from the third and the proxies whose
+# X-Forwarded-* headers it trusts from the fourth.
+EXTERNAL_ENV = {"CUDA_VISIBLE_DEVICES", "GPUEST_DEVICE", "WEB_CONCURRENCY", "FORWARDED_ALLOW_IPS"}
 
 
 # -- loading ----------------------------------------------------------------------------------------
@@ -284,6 +285,14 @@ def test_environment_names_are_settings_the_code_reads(
         assert settings.resolved_database_url().startswith("postgresql+psycopg://")
         assert settings.resolved_broker_url().startswith("redis://")
         assert settings.auth_enabled, f"{name}: a networked deployment must require API keys"
+
+
+def test_the_api_names_the_proxies_it_trusts(compose: dict[str, Any]) -> None:
+    # Without it uvicorn trusts only 127.0.0.1, so behind a proxy in another container every request reads as
+    # http and the dashboard's cookies are not Secure; "*" would let any client claim https.
+    env = compose["services"]["api"]["environment"]
+    assert env.get("FORWARDED_ALLOW_IPS") and "*" not in env["FORWARDED_ALLOW_IPS"]
+    assert env.get("GPUEST_COOKIE_SECURE") in ("auto", "true")
 
 
 def test_named_volumes_resolve(compose: dict[str, Any]) -> None:

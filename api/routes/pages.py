@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import quote
 
 import httpx
 import pyarrow.parquet as pq
@@ -100,11 +99,17 @@ def check_csrf(request: Request, submitted: str | None) -> None:
 
 
 def secure_cookie(request: Request) -> bool:
-    return request.url.scheme == "https"
+    """GPUEST_COOKIE_SECURE: always, never, or (auto) when the request came over HTTPS, as uvicorn sees it."""
+    setting = get_settings().cookie_secure
+    return setting == "true" or (setting == "auto" and request.url.scheme == "https")
 
 
 def set_cookie(response: Response, request: Request, name: str, value: str) -> None:
     response.set_cookie(name, value, httponly=True, samesite="strict", secure=secure_cookie(request), path="/")
+
+
+def clear_cookie(response: Response, request: Request, name: str) -> None:
+    response.delete_cookie(name, path="/", httponly=True, samesite="strict", secure=secure_cookie(request))
 
 
 def render(request: Request, template: str, context: Mapping[str, Any], status_code: int = 200) -> HTMLResponse:
@@ -160,6 +165,8 @@ async def signin(
         return render(request, "signin.html", {"error": "That API key is not valid (unknown or revoked)."}, 401)
     response = RedirectResponse("/ui/jobs", status_code=303)
     set_cookie(response, request, SESSION_COOKIE, key.strip())
+    # A new session gets a new CSRF token: one planted or read before sign-in is worth nothing after it.
+    set_cookie(response, request, CSRF_COOKIE, secrets.token_urlsafe(32))
     return response
 
 
@@ -167,7 +174,8 @@ async def signin(
 async def signout(request: Request, csrf: Annotated[str | None, Form(alias=CSRF_FIELD)] = None) -> Response:
     check_csrf(request, csrf)
     response = RedirectResponse("/ui/signin" if auth_enabled() else "/ui/jobs", status_code=303)
-    response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+    clear_cookie(response, request, SESSION_COOKIE)
+    clear_cookie(response, request, CSRF_COOKIE)
     return response
 
 
@@ -466,6 +474,12 @@ async def submit(request: Request) -> Response:
 
 # -- datasets ----------------------------------------------------------------------------------------------
 
+# The alerts /ui/datasets shows, by the code in its ``error`` query (a link's text is never shown as the alert).
+DATASET_ERRORS: dict[str, str] = {
+    "dataset-in-use": "That dataset is used by a queued or running job: delete it once the job has finished.",
+    "delete-failed": "That dataset could not be deleted; try again.",
+}
+
 
 def preview(dataset_id: str) -> tuple[list[str], list[list[str]]]:
     """The stored table's first rows, as text."""
@@ -494,7 +508,8 @@ async def datasets_page(request: Request) -> Response:
         return to_signin()
     for item in items:  # only ids the API just listed for this owner are read
         item["preview_columns"], item["preview_rows"] = preview(item["id"])
-    return render(request, "datasets.html", {"datasets": items, "error": request.query_params.get("error")})
+    error = DATASET_ERRORS.get(request.query_params.get("error", ""))
+    return render(request, "datasets.html", {"datasets": items, "error": error})
 
 
 @router.post(UPLOAD_PATH)
@@ -525,8 +540,8 @@ async def delete_dataset(
     async with api(request) as client:
         answer = await client.delete(f"/v1/datasets/{dataset_id}")
     if answer.status_code not in (204, 404):
-        message = quote(str(answer.json().get("detail", "")))
-        return RedirectResponse(f"/ui/datasets?error={message}", status_code=303)
+        code = "dataset-in-use" if answer.status_code == 409 else "delete-failed"
+        return RedirectResponse(f"/ui/datasets?error={code}", status_code=303)
     return RedirectResponse("/ui/datasets", status_code=303)
 
 

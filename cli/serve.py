@@ -37,6 +37,7 @@ STOP_GRACE_SECONDS = 10.0
 STARTUP_TIMEOUT_SECONDS = 60.0
 MAX_RESTART_DELAY_SECONDS = 10.0
 STABLE_RUN_SECONDS = 60.0
+LOOPBACK_NETWORKS = '["127.0.0.0/8", "::1/128"]'
 _PR_SET_PDEATHSIG = 1
 
 
@@ -101,6 +102,9 @@ def stack_environment(data_dir: Path, overrides: Mapping[str, str] | None = None
     env["GPUEST_DATA_DIR"] = str(data_dir.resolve())
     # Embedded default: no auth (a local, single-user service); GPUEST_AUTH_ENABLED=true turns it on.
     env.setdefault("GPUEST_AUTH_ENABLED", "false")
+    if env["GPUEST_AUTH_ENABLED"].strip().lower() not in {"1", "true", "yes", "on"}:
+        # A local, single-user service: its webhook receiver is usually on this machine too.
+        env.setdefault("GPUEST_WEBHOOK_ALLOWED_NETWORKS", LOOPBACK_NETWORKS)
     settings = settings_from_env(env)
     env["DATABASE_URL"] = settings.resolved_database_url()
     env["BROKER_URL"] = settings.resolved_broker_url()

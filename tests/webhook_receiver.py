@@ -48,3 +48,35 @@ class Receiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+# Names the webhook tests resolve, answered without the network (store.webhook_targets.lookup is replaced by
+# the root conftest): public documentation-style addresses for the receivers' names, private ones for attacks.
+FAKE_DNS: dict[str, list[str]] = {
+    "localhost": ["127.0.0.1", "::1"],
+    "example.com": ["93.184.215.14"],
+    "receiver.internal": ["93.184.215.20"],
+    "other.internal": ["93.184.215.21"],
+    "metadata.google.internal": ["169.254.169.254"],
+    "intranet.example": ["10.20.30.40"],
+    "mixed.example": ["93.184.215.22", "192.168.1.10"],
+    "v6private.example": ["fd12:3456::1"],
+}
+
+
+class FakeResolver:
+    """A replacement for ``store.webhook_targets.lookup``: answers from a table a test may change (a name
+    resolving elsewhere later: DNS rebinding) and counts the lookups of each name."""
+
+    def __init__(self) -> None:
+        self.table = {name: list(addresses) for name, addresses in FAKE_DNS.items()}
+        self.lookups: dict[str, int] = {}
+
+    def __call__(self, host: str, port: int) -> list[str]:
+        import socket
+
+        name = host.lower().rstrip(".")
+        self.lookups[name] = self.lookups.get(name, 0) + 1
+        if name not in self.table:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return list(self.table[name])

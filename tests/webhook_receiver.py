@@ -3,18 +3,61 @@ the next scripted reply and recording the path, headers and raw body it got."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+TRICKLE_BYTES = 600
+
+
+def trickle(stream: Any, seconds_per_byte: float) -> None:
+    message = b"HTTP/1.1 200 OK\r\nX-Tarpit: " + b"a" * TRICKLE_BYTES
+    try:
+        for index in range(len(message)):
+            stream.write(message[index:index + 1])
+            stream.flush()
+            time.sleep(seconds_per_byte)
+    except OSError:  # the client hung up
+        return
+
+
+class BannerServer:
+    """A TCP service that is not HTTP (it sends an SSH-like banner and closes), on 127.0.0.1."""
+
+    def __init__(self, banner: bytes = b"SSH-2.0-OpenSSH_9.6\r\n") -> None:
+        self.banner = banner
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.socket.getsockname()[1]}/hook"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:
+                return
+            with connection:
+                connection.sendall(self.banner)
+
+    def close(self) -> None:
+        self.socket.close()
+
 
 class Receiver:
-    """A local HTTP endpoint that answers each POST with the next scripted reply and records what it got:
-    an int is a status code, ("redirect", code) answers with a Location, ("sleep", seconds) answers 200 late."""
+    """A local HTTP endpoint that answers each POST with the next scripted reply (``default`` once they are
+    used up) and records what it got: an int is a status code, ("redirect", code) answers with a Location,
+    ("sleep", seconds) answers 200 late, ("trickle", seconds) sends a status line and a header one byte every
+    that many seconds, a tarpit, until the client hangs up (or TRICKLE_BYTES are sent)."""
 
-    def __init__(self, replies: list[Any]) -> None:
+    def __init__(self, replies: list[Any], default: Any = 200) -> None:
         self.replies = list(replies)
+        self.default = default
         self.requests: list[tuple[str, dict[str, str], bytes]] = []
         receiver = self
 
@@ -22,7 +65,10 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 receiver.requests.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
-                reply = receiver.replies.pop(0) if receiver.replies else 200
+                reply = receiver.replies.pop(0) if receiver.replies else receiver.default
+                if isinstance(reply, tuple) and reply[0] == "trickle":
+                    trickle(self.wfile, reply[1])
+                    return
                 if isinstance(reply, tuple) and reply[0] == "sleep":
                     time.sleep(reply[1])
                     reply = 200
@@ -73,8 +119,6 @@ class FakeResolver:
         self.lookups: dict[str, int] = {}
 
     def __call__(self, host: str, port: int) -> list[str]:
-        import socket
-
         name = host.lower().rstrip(".")
         self.lookups[name] = self.lookups.get(name, 0) + 1
         if name not in self.table:

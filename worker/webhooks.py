@@ -182,7 +182,7 @@ def deliver_once(settings: Settings | None = None) -> dict[str, int]:
             attempted.update(dispatcher.fill(settings, exclude_ids=attempted))
             if dispatcher.in_flight() == 0:
                 break
-            dispatcher.finished.wait(timeout=1.0)
+            dispatcher.finished.wait(timeout=min(settings.webhook_interval_seconds, 1.0))  # or newly due rows
     finally:
         dispatcher.close()
     return {"activated": activated, **dispatcher.counts}

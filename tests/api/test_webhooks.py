@@ -34,8 +34,8 @@ from worker.webhooks import deliver_once
 def receiver_factory() -> Iterator[Any]:
     made: list[Receiver] = []
 
-    def make(*replies: Any) -> Receiver:
-        made.append(Receiver(list(replies)))
+    def make(*replies: Any, default: Any = 200) -> Receiver:
+        made.append(Receiver(list(replies), default=default))
         return made[-1]
 
     yield make
@@ -344,3 +344,64 @@ def test_every_waiting_group_gets_its_turn_however_many_wait(client, alice) -> N
         assert len(activate_finished(session, get_settings(), limit=1)) == 1
     assert client.get(f"/v1/job-groups/{groups[1]['id']}", headers=alice).json()["callback"]["status"] == "pending"
     assert client.get(f"/v1/job-groups/{groups[0]['id']}", headers=alice).json()["callback"]["status"] == "waiting"
+
+
+# -- one owner cannot stall the others ----------------------------------------------------------------------
+
+def test_a_trickling_receiver_is_cut_off_at_the_attempts_deadline(client, alice, receiver_factory,
+                                                                    monkeypatch) -> None:
+    # every byte comes well within the deadline: a per-read timeout alone never fires
+    configure(monkeypatch, webhook_timeout_seconds="0.5", webhook_max_attempts="1")
+    tarpit = receiver_factory(("trickle", 0.05))
+    created = submit_with_callback(client, alice, tarpit.url)
+    run_through_store(created["id"], result={"x": 1})
+    started = time.monotonic()
+    assert deliver_once()["failed"] == 1
+    assert time.monotonic() - started < 0.5 + 0.4
+    [entry] = job(client, alice, created["id"])["callback"]["attempt_log"]
+    assert entry["error"] == "no HTTP response" and 0.45 <= entry["seconds"] <= 0.6
+
+
+def test_one_owners_slow_receivers_do_not_hold_another_owners_delivery(client, alice, bob, receiver_factory,
+                                                                        monkeypatch) -> None:
+    configure(monkeypatch, webhook_timeout_seconds="1.0", webhook_max_attempts="1", webhook_interval_seconds="0.05")
+    tarpit = receiver_factory(default=("trickle", 0.05))
+    fast = receiver_factory(204)
+    slow_jobs = [submit_with_callback(client, alice, tarpit.url) for _ in range(4)]
+    for created in slow_jobs:
+        run_through_store(created["id"], result={"x": 1})
+    other = submit_with_callback(client, bob, fast.url)
+    run_through_store(other["id"], result={"x": 1})
+    started = time.monotonic()
+    counts = deliver_once()
+    assert counts["delivered"] == 1 and counts["failed"] == 4
+    # alice's four attempts take two rounds of her two slots; bob's runs beside the first round
+    assert 2.0 <= time.monotonic() - started < 2.0 + 0.8
+    delivered_at = datetime.fromisoformat(job(client, bob, other["id"])["callback"]["delivered_at"])
+    first_round = [datetime.fromisoformat(job(client, alice, created["id"])["callback"]["attempt_log"][0]["at"])
+                   for created in slow_jobs]
+    assert delivered_at < min(first_round)  # before any of alice's attempts had ended
+
+
+@pytest.mark.both_backends
+def test_claims_take_one_row_at_a_time_and_skip_owners_at_their_limit(client, alice, bob) -> None:
+    from datetime import timedelta
+
+    from store.webhooks import claim_due
+
+    for owner in (alice, alice, alice, bob):
+        created = submit_with_callback(client, owner, "https://example.com/hook")
+        run_through_store(created["id"], result={"x": 1})
+    with session_scope() as session:
+        from store.webhooks import activate_finished
+
+        assert len(activate_finished(session, get_settings())) == 4
+    with session_scope() as session:
+        claimed = claim_due(session, lease=timedelta(seconds=60), limit=4, owners_busy={"alice": 1}, owner_limit=2)
+    assert [delivery.owner for delivery in claimed] == ["alice", "bob"]
+    with session_scope() as session:  # the claimed rows are leased; the two others are still due
+        rest = claim_due(session, lease=timedelta(seconds=60), limit=4)
+    assert [delivery.owner for delivery in rest] == ["alice", "alice"]
+    assert {delivery.id for delivery in rest}.isdisjoint(delivery.id for delivery in claimed)
+    with session_scope() as session:
+        assert claim_due(session, lease=timedelta(seconds=60), limit=4) == []

@@ -405,3 +405,132 @@ def test_claims_take_one_row_at_a_time_and_skip_owners_at_their_limit(client, al
     assert {delivery.id for delivery in rest}.isdisjoint(delivery.id for delivery in claimed)
     with session_scope() as session:
         assert claim_due(session, lease=timedelta(seconds=60), limit=4) == []
+
+
+# -- targets: resolved, vetted, pinned ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("address", "allowed"), [
+    ("93.184.215.14", True),
+    ("2606:2800:21f:cb07:6820:80da:af6b:8b2c", True),
+    ("127.0.0.1", False), ("127.8.9.10", False), ("::1", False), ("0.0.0.0", False), ("::", False),
+    ("10.1.2.3", False), ("172.16.0.1", False), ("192.168.1.1", False), ("100.64.0.1", False),
+    ("169.254.169.254", False), ("169.254.1.1", False), ("fe80::1", False), ("fe80::1%eth0", False),
+    ("fd12:3456::1", False), ("fd00:ec2::254", False), ("168.63.129.16", False), ("100.100.100.200", False),
+    ("224.0.0.251", False), ("239.1.2.3", False), ("ff02::1", False), ("240.0.0.1", False),
+    ("255.255.255.255", False), ("192.0.2.1", False), ("2001:db8::1", False),
+    ("::ffff:127.0.0.1", False), ("::ffff:10.0.0.1", False), ("::ffff:93.184.215.14", True),
+    ("2002:a00:1::1", False), ("2002:5db8:d70e::1", True),  # 6to4 of 10.0.0.1 and of a public address
+    ("64:ff9b::a9fe:a9fe", False), ("64:ff9b::5db8:d70e", True),  # NAT64 of the metadata and a public address
+    ("2001:0:4136:e378:8000:63bf:f5ff:fffe", False),  # Teredo
+])
+def test_only_public_addresses_are_called_by_default(address, allowed) -> None:
+    from store.webhook_targets import is_allowed_address
+
+    assert is_allowed_address(address, []) is allowed
+
+
+def test_allowed_networks_open_private_addresses_but_a_metadata_address_only_by_itself() -> None:
+    from ipaddress import ip_network
+
+    from store.webhook_targets import is_allowed_address
+
+    networks = [ip_network("10.0.0.0/8"), ip_network("127.0.0.0/8"), ip_network("169.254.0.0/16"),
+                ip_network("fd00::/8")]
+    assert is_allowed_address("10.9.8.7", networks) and is_allowed_address("::ffff:127.0.0.1", networks)
+    assert is_allowed_address("169.254.1.1", networks) and is_allowed_address("fd12::1", networks)
+    assert not is_allowed_address("169.254.169.254", networks) and not is_allowed_address("fd00:ec2::254", networks)
+    assert not is_allowed_address("192.168.0.1", networks)
+    assert is_allowed_address("169.254.169.254", [ip_network("169.254.169.254/32")])
+
+
+@pytest.mark.parametrize("url", [
+    "https://169.254.169.254/latest/meta-data/", "https://metadata.google.internal/computeMetadata/v1/",
+    "https://10.1.2.3/hook", "https://[fe80::1]/hook", "https://[::ffff:10.0.0.1]/hook", "https://[fd00:ec2::254]/",
+    "https://[2002:a00:1::1]/hook", "https://[64:ff9b::a9fe:a9fe]/", "https://0.0.0.0/hook", "https://224.0.0.1/",
+    "http://127.0.0.1:5432/", "http://[::1]:6379/", "http://localhost:8080/",  # loopback: refused by default
+    "https://intranet.example/hook", "https://v6private.example/hook",  # names resolving to private addresses
+    "https://mixed.example/hook",  # one public and one private address: either could be dialled
+    "https://nowhere.example/hook",  # does not resolve: the same answer, so names of a private zone stay unknown
+    "https://2130706433/hook",  # 127.0.0.1 written as one number
+])
+def test_targets_resolving_to_addresses_this_server_does_not_call_are_refused_at_submission(
+    client, alice, url, monkeypatch
+) -> None:
+    from store.webhook_targets import REFUSED_TARGET
+
+    configure(monkeypatch, webhook_allowed_networks="[]")
+    for path, body in (("/v1/jobs", {**montecarlo_spec(), "callback_url": url}),
+                       ("/v1/job-groups", {"base": montecarlo_spec(), "grid": {"params.seed": [1]},
+                                           "callback_url": url})):
+        problem = assert_problem(client.post(path, json=body, headers=alice), 422)
+        assert [(error["field"], error["message"]) for error in problem["errors"]] == [("callback_url",
+                                                                                          REFUSED_TARGET)]
+    assert client.get("/v1/jobs", headers=alice).json()["total"] == 0
+
+
+def test_the_operator_may_allow_networks(client, alice, monkeypatch) -> None:
+    configure(monkeypatch, webhook_allowed_networks='["10.0.0.0/8"]')
+    assert submit_with_callback(client, alice, "https://intranet.example/hook")["callback"]
+    assert submit_with_callback(client, alice, "https://10.1.2.3/hook")["callback"]
+    assert_problem(client.post("/v1/jobs", json={**montecarlo_spec(), "callback_url": "https://192.168.1.1/"},
+                               headers=alice), 422)
+
+
+def test_a_name_that_resolves_elsewhere_at_delivery_is_checked_again_and_not_called(
+    client, alice, receiver_factory, fake_dns, monkeypatch
+) -> None:
+    receiver = receiver_factory(200)
+    port = receiver.server.server_address[1]
+    configure(monkeypatch, webhook_allowed_networks="[]", webhook_http_hosts='["rebind.example"]')
+    fake_dns.table["rebind.example"] = ["93.184.215.30"]  # public when the job is submitted
+    created = submit_with_callback(client, alice, f"http://rebind.example:{port}/hook")
+    run_through_store(created["id"], result={"x": 1})
+    fake_dns.table["rebind.example"] = ["127.0.0.1"]  # then the name points at the server itself
+    assert deliver_once()["failed"] == 1
+    assert receiver.requests == []
+    callback = job(client, alice, created["id"])["callback"]
+    assert callback["status"] == "failed"  # final: a refused target is not retried
+    assert callback["attempt_log"][0]["error"] == "target not allowed by this server's webhook settings"
+
+
+def test_the_connection_goes_to_the_address_checked_and_keeps_the_name_in_the_host_header(
+    client, alice, receiver_factory, fake_dns, monkeypatch
+) -> None:
+    receiver = receiver_factory(204)
+    port = receiver.server.server_address[1]
+    configure(monkeypatch, webhook_http_hosts='["pinned.example"]')
+    fake_dns.table["pinned.example"] = ["127.0.0.1"]
+    created = submit_with_callback(client, alice, f"http://pinned.example:{port}/hook?x=1")
+    run_through_store(created["id"], result={"x": 1})
+    before = fake_dns.lookups["pinned.example"]
+    assert deliver_once()["delivered"] == 1  # the name resolves nowhere but in the table: no second lookup
+    assert fake_dns.lookups["pinned.example"] == before + 1
+    [(path, headers, _)] = receiver.requests
+    assert path == "/hook?x=1" and headers["host"] == f"pinned.example:{port}"
+
+
+def test_every_failure_without_an_http_status_reads_the_same(client, alice, receiver_factory, monkeypatch) -> None:
+    """Closed port, a service that is not HTTP, a silent listener and a tarpit: one phrase, so the log is no
+    port scanner."""
+    import socket
+
+    from tests.webhook_receiver import BannerServer
+
+    configure(monkeypatch, webhook_timeout_seconds="0.3", webhook_max_attempts="1")
+    closed = receiver_factory()
+    closed_url = closed.url
+    closed.close()
+    banner = BannerServer()
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog) and never answers
+    tarpit = receiver_factory(("trickle", 0.02))
+    try:
+        urls = [closed_url, banner.url, f"http://127.0.0.1:{silent.getsockname()[1]}/hook", tarpit.url]
+        jobs = [submit_with_callback(client, alice, url) for url in urls]
+        for created in jobs:
+            run_through_store(created["id"], result={"x": 1})
+        assert deliver_once()["failed"] == 4
+    finally:
+        banner.close()
+        silent.close()
+    entries = [job(client, alice, created["id"])["callback"]["attempt_log"][0] for created in jobs]
+    assert [(entry["status_code"], entry["error"]) for entry in entries] == [(None, "no HTTP response")] * 4

@@ -53,9 +53,12 @@ def database_url(servers: Servers) -> str:
 @pytest.fixture
 def webhook_env(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     values = {
-        "DATABASE_URL": database_url, "GPUEST_DATA_DIR": str(tmp_path / "var"),
-        "GPUEST_WEBHOOK_TIMEOUT_SECONDS": str(DEADLINE_SECONDS), "GPUEST_WEBHOOK_INTERVAL_SECONDS": "0.05",
-        "GPUEST_WEBHOOK_MAX_ATTEMPTS": "1", "GPUEST_WEBHOOK_ALLOWED_NETWORKS": '["127.0.0.0/8"]',
+        "DATABASE_URL": database_url,
+        "GPUEST_DATA_DIR": str(tmp_path / "var"),
+        "GPUEST_WEBHOOK_TIMEOUT_SECONDS": str(DEADLINE_SECONDS),
+        "GPUEST_WEBHOOK_INTERVAL_SECONDS": "0.05",
+        "GPUEST_WEBHOOK_MAX_ATTEMPTS": "1",
+        "GPUEST_WEBHOOK_ALLOWED_NETWORKS": '["127.0.0.0/8"]',
     }
     for name, value in values.items():
         monkeypatch.setenv(name, value)
@@ -69,9 +72,17 @@ def webhook_env(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def add_pending(owner: str, url: str) -> int:
     """A delivery due now, as activation leaves it (its job need not exist for the attempt)."""
     with session_scope() as session:
-        row = WebhookDelivery(subject_type="job", subject_id=f"job-of-{owner}-{time.monotonic_ns()}", owner=owner,
-                              url=url, status="pending", attempts=0, attempt_log=[], body='{"event":"job.finished"}',
-                              next_attempt_at=utcnow())
+        row = WebhookDelivery(
+            subject_type="job",
+            subject_id=f"job-of-{owner}-{time.monotonic_ns()}",
+            owner=owner,
+            url=url,
+            status="pending",
+            attempts=0,
+            attempt_log=[],
+            body='{"event":"job.finished"}',
+            next_attempt_at=utcnow(),
+        )
         session.add(row)
         session.flush()
         return row.id
@@ -122,8 +133,9 @@ def test_a_tarpit_target_delays_another_owners_delivery_by_at_most_one_attempt_d
             for index in range(8):
                 add_pending("mallory", tarpits[index % 2].url)
                 if index < WORKERS:
-                    assert wait_until(lambda n=index + 1: sum(len(t.requests) for t in tarpits) >= n, 10), \
+                    assert wait_until(lambda n=index + 1: sum(len(t.requests) for t in tarpits) >= n, 10), (
                         "the tarpit attempts did not start"
+                    )
             time.sleep(0.3)  # every delivery thread has had its pass
             started = time.monotonic()
             victim = add_pending("alice", fast.url)
@@ -133,8 +145,14 @@ def test_a_tarpit_target_delays_another_owners_delivery_by_at_most_one_attempt_d
     finally:
         for receiver in (*tarpits, fast):
             receiver.close()
-    figures.record("webhook_fairness", other_owner_delay_seconds=round(delay, 3), deadline_seconds=DEADLINE_SECONDS,
-                   tarpit_deliveries=8, tarpit_attempts_started=tarpit_attempts, workers=WORKERS)
+    figures.record(
+        "webhook_fairness",
+        other_owner_delay_seconds=round(delay, 3),
+        deadline_seconds=DEADLINE_SECONDS,
+        tarpit_deliveries=8,
+        tarpit_attempts_started=tarpit_attempts,
+        workers=WORKERS,
+    )
     assert delivered, f"another owner's delivery still pending after {delay:.1f} s behind the tarpits"
     assert delay <= DEADLINE_SECONDS, f"delayed {delay:.2f} s (deadline {DEADLINE_SECONDS} s)"
 
@@ -158,9 +176,16 @@ def test_deliveries_to_a_slow_receiver_are_posted_once_each_without_faults(webho
         rows = session.scalars(select(WebhookDelivery).where(WebhookDelivery.id.in_(ids))).all()
         attempts = sorted({(row.attempts, len(row.attempt_log)) for row in rows})
     duplicates = sum(times - 1 for times in posts.values())
-    figures.record("webhook_exactly_once", deliveries=count, posts=sum(posts.values()), duplicates=duplicates,
-                   receiver_answer_seconds=answer_after, deadline_seconds=DEADLINE_SECONDS, workers=WORKERS,
-                   seconds_to_deliver_all=round(seconds, 2))
+    figures.record(
+        "webhook_exactly_once",
+        deliveries=count,
+        posts=sum(posts.values()),
+        duplicates=duplicates,
+        receiver_answer_seconds=answer_after,
+        deadline_seconds=DEADLINE_SECONDS,
+        workers=WORKERS,
+        seconds_to_deliver_all=round(seconds, 2),
+    )
     assert done, "not every delivery was delivered"
     assert duplicates == 0 and sorted(posts) == sorted(ids), posts
     assert attempts == [(1, 1)]

@@ -4,6 +4,7 @@ the next scripted reply and recording the path, headers and raw body it got."""
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -55,7 +56,8 @@ class Receiver:
     ("sleep", seconds) answers 200 late, ("trickle", seconds) sends a status line and a header one byte every
     that many seconds, a tarpit, until the client hangs up (or TRICKLE_BYTES are sent)."""
 
-    def __init__(self, replies: list[Any], default: Any = 200) -> None:
+    def __init__(self, replies: list[Any], default: Any = 200, tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls
         self.replies = list(replies)
         self.default = default
         self.requests: list[tuple[str, dict[str, str], bytes]] = []
@@ -84,12 +86,15 @@ class Receiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:  # https: the handshake on accept, with the server's certificate
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hooks/gpuest?token=abc"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.server.server_address[1]}/hooks/gpuest?token=abc"
 
     def close(self) -> None:
         self.server.shutdown()

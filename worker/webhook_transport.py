@@ -12,6 +12,7 @@ the URL keeps its host, so the Host header, TLS SNI and certificate verification
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -104,6 +105,11 @@ class PinnedBackend(httpcore.NetworkBackend):
         time.sleep(seconds)
 
 
+def ssl_context() -> ssl.SSLContext:
+    """Certificates verified against certifi's roots, by the URL's host name."""
+    return httpx.create_ssl_context()
+
+
 @dataclass(frozen=True)
 class Response:
     status_code: int
@@ -120,7 +126,7 @@ def post(url: str, body: bytes, headers: dict[str, str], addresses: Sequence[str
     timeouts = {"connect": seconds, "read": seconds, "write": seconds, "pool": seconds}
     with (
         httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
+            ssl_context=ssl_context(),
             max_connections=1,
             retries=0,
             network_backend=PinnedBackend(addresses, deadline),

@@ -17,7 +17,7 @@ def trickle(stream: Any, seconds_per_byte: float) -> None:
     message = b"HTTP/1.1 200 OK\r\nX-Tarpit: " + b"a" * TRICKLE_BYTES
     try:
         for index in range(len(message)):
-            stream.write(message[index:index + 1])
+            stream.write(message[index : index + 1])
             stream.flush()
             time.sleep(seconds_per_byte)
     except OSError:  # the client hung up

@@ -14,8 +14,11 @@ from store.models import WebhookDelivery
 
 
 def check_callback_url(url: str | None, settings: Settings) -> None:
-    """422 naming ``callback_url`` when this server would not call it (see ``callback_url_problem``)."""
-    problem = None if url is None else webhook_store.callback_url_problem(url, settings)
+    """422 naming ``callback_url`` when this server would not call it: its form (``callback_url_problem``),
+    then the addresses its host resolves to (``target_problem``)."""
+    if url is None:
+        return
+    problem = webhook_store.callback_url_problem(url, settings) or webhook_store.target_problem(url, settings)
     if problem is not None:
         raise invalid([field_error("callback_url", problem, type_="callback_url")])
 

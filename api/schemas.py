@@ -39,8 +39,10 @@ CALLBACK_URL_DESCRIPTION = (
     "Optional webhook: POSTed a signed JSON body once the job (or group) finishes: {event, delivery_id, type, id, "
     "kind, status, finished_at, url, result_url, ...}. Headers X-Gpuest-Timestamp (unix seconds) and "
     "X-Gpuest-Signature: sha256=<hex of HMAC-SHA256(your signing secret, timestamp + '.' + raw body)>; the secret "
-    "is at GET /v1/webhooks/secret. https, or http to a loopback address unless the operator allows more; no "
-    "redirects followed; retried with exponential backoff on failure (any non-2xx answer)"
+    "is at GET /v1/webhooks/secret. https, or http to a loopback address unless the operator allows more; the "
+    "host must resolve to public addresses only (no private, loopback, link-local or metadata addresses unless the "
+    "operator allows their network); no redirects followed; retried with exponential backoff on failure (any "
+    "non-2xx answer)"
 )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shlex
 import signal
@@ -21,12 +22,13 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 
@@ -37,6 +39,7 @@ STOP_GRACE_SECONDS = 10.0
 STARTUP_TIMEOUT_SECONDS = 60.0
 MAX_RESTART_DELAY_SECONDS = 10.0
 STABLE_RUN_SECONDS = 60.0
+LOOPBACK_NETWORKS = '["127.0.0.0/8", "::1/128"]'
 _PR_SET_PDEATHSIG = 1
 
 
@@ -70,14 +73,26 @@ def settings_from_env(env: Mapping[str, str]) -> Settings:
 
     ``env`` is this process's environment plus overrides, so the overrides passed as inputs are what differ.
     """
-    inputs: dict[str, str] = {}
+    inputs: dict[str, Any] = {}
     for name, value in env.items():
         upper = name.upper()
         if upper in {"DATABASE_URL", "BROKER_URL", "REDIS_URL", "GPUEST_DATABASE_URL", "GPUEST_BROKER_URL"}:
             inputs[upper] = value
         elif upper.startswith("GPUEST_"):
-            inputs[upper.removeprefix("GPUEST_").lower()] = value
+            field = upper.removeprefix("GPUEST_").lower()
+            inputs[field] = _decoded(field, value)
     return Settings.model_validate(inputs)
+
+
+def _decoded(field: str, value: str) -> Any:
+    """A list or mapping setting's JSON as the environment source decodes it; any other value as it is."""
+    info = Settings.model_fields.get(field)
+    if info is None or typing.get_origin(info.annotation) not in (list, dict):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value  # the settings' own error names the field
 
 
 class StackStartError(RuntimeError):
@@ -104,6 +119,9 @@ def stack_environment(data_dir: Path, overrides: Mapping[str, str] | None = None
     settings = settings_from_env(env)
     env["DATABASE_URL"] = settings.resolved_database_url()
     env["BROKER_URL"] = settings.resolved_broker_url()
+    if env["GPUEST_AUTH_ENABLED"].strip().lower() not in {"1", "true", "yes", "on"}:
+        # A local, single-user service: its webhook receiver is usually on this machine too.
+        env.setdefault("GPUEST_WEBHOOK_ALLOWED_NETWORKS", LOOPBACK_NETWORKS)
     # The repository root on the path, so `python -m celery -A worker...` finds the packages from any cwd.
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))

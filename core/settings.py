@@ -6,11 +6,12 @@ second SQLite file as the Celery broker, both under ``GPUEST_DATA_DIR``.
 
 from __future__ import annotations
 
+import ipaddress
 from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path("var")
@@ -159,13 +160,27 @@ class Settings(BaseSettings):
         default_factory=list, description='Hosts that may be called over plain http besides loopback, as JSON: '
         '["receiver.internal"]'
     )
+    webhook_allowed_networks: list[str] = Field(
+        default_factory=list, description='Networks webhook targets may resolve to although they are not public '
+        '(private, loopback, link-local, reserved), as JSON CIDRs: ["10.20.0.0/16", "::1/128"]; a cloud metadata '
+        'address only when listed as itself (a /32 or /128). `gpuest serve` with auth off sets loopback unless this '
+        "is set"
+    )
     webhook_max_attempts: int = Field(8, ge=1, le=30, description="Delivery attempts before a webhook is given up")
     webhook_backoff_seconds: float = Field(
         10.0, gt=0, description="Wait after the first failed delivery; doubled after each further failure"
     )
     webhook_backoff_max_seconds: float = Field(3600.0, gt=0, description="Longest wait between two attempts")
     webhook_timeout_seconds: float = Field(
-        5.0, gt=0, le=60, description="Connect and read timeout of one delivery attempt (redirects are never followed)"
+        5.0, gt=0, le=60, description="Total deadline of one delivery attempt: connect, TLS, the request and the "
+        "response's status line and headers together (redirects are never followed, the body is never read)"
+    )
+    webhook_concurrency: int = Field(
+        8, ge=1, le=64, description="Delivery attempts one worker makes at once"
+    )
+    webhook_owner_concurrency: int = Field(
+        2, ge=1, le=64, description="Delivery attempts of one owner's webhooks one worker makes at once (a slow "
+        "receiver holds at most this many of the worker's webhook_concurrency)"
     )
     webhook_interval_seconds: float = Field(
         1.0, gt=0, description="How often a worker looks for finished jobs and groups with a webhook to deliver"
@@ -228,6 +243,12 @@ class Settings(BaseSettings):
         "progress checkpoint by then is failed with error code time_limit and its worker process exits (freeing "
         "the device; its supervisor restarts it)",
     )
+
+    @field_validator("webhook_allowed_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        """Each entry a CIDR (host bits may be set: ``10.1.2.3/8`` means 10.0.0.0/8), kept in normal form."""
+        return [str(ipaddress.ip_network(entry.strip(), strict=False)) for entry in value]
 
     @model_validator(mode="after")
     def _former_fanout_thresholds(self) -> Settings:

@@ -23,7 +23,8 @@ import hmac
 import ipaddress
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -35,6 +36,7 @@ from sqlalchemy.orm import Session
 
 from core.settings import Settings, get_settings
 from core.status import TERMINAL_STATUSES, JobStatus
+from store import webhook_targets
 from store.db import storable_text
 from store.events import EventLevel, EventType, add_event
 from store.group_summary import summarize
@@ -103,6 +105,24 @@ def callback_url_problem(url: str, settings: Settings) -> str | None:
     ):
         return ("plain http is accepted only for loopback addresses (127.0.0.1, ::1, localhost); use https, or ask "
                 "the operator to allow this host (GPUEST_WEBHOOK_HTTP_HOSTS) or http (GPUEST_WEBHOOK_ALLOW_HTTP)")
+    return None
+
+
+def host_and_port(url: str) -> tuple[str, int]:
+    """The host and port a checked ``url`` connects to (the scheme's port when it names none)."""
+    parts = urlsplit(url)
+    return parts.hostname or "", parts.port or (443 if parts.scheme.lower() == "https" else 80)
+
+
+def target_problem(url: str, settings: Settings) -> str | None:
+    """Why this server does not call the host of a well-formed ``url`` (None when it does): the addresses its
+    host resolves to (store/webhook_targets.py). One answer for a name that does not resolve and one that
+    resolves to a refused address, so the check tells nothing of a private network's names."""
+    host, port = host_and_port(url)
+    try:
+        webhook_targets.vetted_addresses(host, port, settings)
+    except (webhook_targets.TargetRefused, OSError):
+        return webhook_targets.REFUSED_TARGET
     return None
 
 
@@ -274,19 +294,31 @@ class ClaimedDelivery:
     attempt: int
 
 
-def claim_due(session: Session, *, lease: timedelta, limit: int = 20) -> list[ClaimedDelivery]:
-    """Pending deliveries whose next attempt is due, each claimed by moving that time past the lease (a
-    conditional UPDATE: another worker's claim of the same row fails). A worker that dies mid-attempt leaves
-    the row due again once the lease is over."""
-    now = utcnow()
-    due = session.scalars(
-        select(WebhookDelivery)
-        .where(WebhookDelivery.status == DeliveryStatus.PENDING.value, WebhookDelivery.next_attempt_at <= now)
-        .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
-        .limit(limit)
-    ).all()
-    claimed = []
-    for row in due:
+def claim_due(session: Session, *, lease: timedelta, limit: int = 1, owners_busy: Mapping[str, int] | None = None,
+              owner_limit: int | None = None, exclude_ids: Iterable[int] = ()) -> list[ClaimedDelivery]:
+    """Up to ``limit`` pending deliveries whose next attempt is due, oldest first, each claimed by moving that
+    time past the lease (a conditional UPDATE: another worker's claim of the same row fails). Rows are taken
+    one by one, skipping owners that already hold ``owner_limit`` attempts (``owners_busy`` counts those the
+    caller has in flight), so one owner's backlog never keeps another owner's due row waiting. The caller
+    starts each attempt as soon as it has the row: the lease covers one attempt, not a queue. A worker that
+    dies mid-attempt leaves the row due again once the lease is over."""
+    busy: Counter[str] = Counter(owners_busy or {})
+    skipped = set(exclude_ids)
+    claimed: list[ClaimedDelivery] = []
+    while len(claimed) < limit:
+        now = utcnow()
+        query = select(WebhookDelivery).where(WebhookDelivery.status == DeliveryStatus.PENDING.value,
+                                              WebhookDelivery.next_attempt_at <= now,
+                                              WebhookDelivery.body.is_not(None))
+        full = sorted(owner for owner, count in busy.items() if owner_limit is not None and count >= owner_limit)
+        if full:
+            query = query.where(WebhookDelivery.owner.not_in(full))
+        if skipped:
+            query = query.where(WebhookDelivery.id.not_in(sorted(skipped)))
+        row = session.scalars(query.order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id).limit(1)).first()
+        if row is None:
+            break
+        skipped.add(row.id)
         taken = session.execute(
             update(WebhookDelivery)
             .where(WebhookDelivery.id == row.id, WebhookDelivery.status == DeliveryStatus.PENDING.value,
@@ -295,6 +327,7 @@ def claim_due(session: Session, *, lease: timedelta, limit: int = 20) -> list[Cl
             .execution_options(synchronize_session=False)
         ).rowcount
         if taken == 1 and row.body is not None:
+            busy[row.owner] += 1
             claimed.append(ClaimedDelivery(row.id, SubjectType(row.subject_type), row.subject_id, row.owner, row.url,
                                            row.body, row.attempts + 1))
     return claimed

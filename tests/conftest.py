@@ -16,6 +16,7 @@ import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from kernels.backend import get_namespace, gpu_available
+from tests.webhook_receiver import FakeResolver
 
 # Hypothesis keeps its example database and caches in a temporary directory, not in the checkout.
 set_hypothesis_home_dir(tempfile.mkdtemp(prefix="gpuest-hypothesis-"))
@@ -100,3 +101,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if os.environ.get("GPUEST_REQUIRE_SERVERS") == "1":
         pytest.fail(f"servers tier required (GPUEST_REQUIRE_SERVERS=1) but {problem}", pytrace=False)
     pytest.skip(f"servers tier skipped: {problem}")
+
+
+@pytest.fixture(autouse=True)
+def fake_dns(monkeypatch: pytest.MonkeyPatch) -> FakeResolver:
+    """Webhook targets' names resolved from a table (tests/webhook_receiver.py), never the network."""
+    from store import webhook_targets
+
+    resolver = FakeResolver()
+    monkeypatch.setattr(webhook_targets, "lookup", resolver)
+    return resolver

@@ -11,6 +11,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import shutil
+import ssl
+import subprocess
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -34,13 +37,23 @@ from worker.webhooks import deliver_once
 def receiver_factory() -> Iterator[Any]:
     made: list[Receiver] = []
 
-    def make(*replies: Any) -> Receiver:
-        made.append(Receiver(list(replies)))
+    def make(*replies: Any, default: Any = 200) -> Receiver:
+        made.append(Receiver(list(replies), default=default))
         return made[-1]
 
     yield make
     for receiver in made:
         receiver.close()
+
+
+LOOPBACK_NETWORKS = '["127.0.0.0/8", "::1/128"]'
+
+
+@pytest.fixture(autouse=True)
+def loopback_receivers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receivers listen on 127.0.0.1: the operator allows loopback (the default refuses it)."""
+    monkeypatch.setenv("GPUEST_WEBHOOK_ALLOWED_NETWORKS", LOOPBACK_NETWORKS)
+    clear_cached_settings()
 
 
 def configure(monkeypatch: pytest.MonkeyPatch, **values: str) -> None:
@@ -187,7 +200,7 @@ def test_redirects_are_not_followed_and_timeouts_and_refusals_say_no_more_than_t
     assert [path for path, _, _ in redirecting.requests] == ["/hooks/gpuest?token=abc"]  # /elsewhere never asked
     errors = [job(client, alice, created["id"])["callback"]["attempt_log"][0] for created in jobs]
     assert [(entry["status_code"], entry["error"]) for entry in errors] == [
-        (302, "redirect not followed (HTTP 302)"), (None, "timeout"), (None, "connection failed")]
+        (302, "redirect not followed (HTTP 302)"), (None, "no HTTP response"), (None, "no HTTP response")]
     assert errors[1]["seconds"] < 1.0
 
 
@@ -270,7 +283,7 @@ def test_a_target_the_settings_no_longer_allow_fails_without_being_called(
     client, alice, receiver_factory, monkeypatch
 ) -> None:
     configure(monkeypatch, webhook_allow_http="true")
-    created = submit_with_callback(client, alice, "http://example.invalid/hook")
+    created = submit_with_callback(client, alice, "http://example.com/hook")
     run_through_store(created["id"], result={"x": 1})
     configure(monkeypatch, webhook_allow_http="false")
     assert deliver_once()["failed"] == 1
@@ -334,3 +347,234 @@ def test_every_waiting_group_gets_its_turn_however_many_wait(client, alice) -> N
         assert len(activate_finished(session, get_settings(), limit=1)) == 1
     assert client.get(f"/v1/job-groups/{groups[1]['id']}", headers=alice).json()["callback"]["status"] == "pending"
     assert client.get(f"/v1/job-groups/{groups[0]['id']}", headers=alice).json()["callback"]["status"] == "waiting"
+
+
+# -- one owner cannot stall the others ----------------------------------------------------------------------
+
+def test_a_trickling_receiver_is_cut_off_at_the_attempts_deadline(client, alice, receiver_factory,
+                                                                    monkeypatch) -> None:
+    # every byte comes well within the deadline: a per-read timeout alone never fires
+    configure(monkeypatch, webhook_timeout_seconds="0.5", webhook_max_attempts="1")
+    tarpit = receiver_factory(("trickle", 0.05))
+    created = submit_with_callback(client, alice, tarpit.url)
+    run_through_store(created["id"], result={"x": 1})
+    started = time.monotonic()
+    assert deliver_once()["failed"] == 1
+    assert time.monotonic() - started < 0.5 + 1.0
+    [entry] = job(client, alice, created["id"])["callback"]["attempt_log"]
+    assert entry["error"] == "no HTTP response" and 0.45 <= entry["seconds"] <= 0.8
+
+
+def test_one_owners_slow_receivers_do_not_hold_another_owners_delivery(client, alice, bob, receiver_factory,
+                                                                        monkeypatch) -> None:
+    configure(monkeypatch, webhook_timeout_seconds="1.0", webhook_max_attempts="1", webhook_interval_seconds="0.05")
+    tarpit = receiver_factory(default=("trickle", 0.05))
+    fast = receiver_factory(204)
+    slow_jobs = [submit_with_callback(client, alice, tarpit.url) for _ in range(4)]
+    for created in slow_jobs:
+        run_through_store(created["id"], result={"x": 1})
+    other = submit_with_callback(client, bob, fast.url)
+    run_through_store(other["id"], result={"x": 1})
+    started = time.monotonic()
+    counts = deliver_once()
+    assert counts["delivered"] == 1 and counts["failed"] == 4
+    # alice's four attempts take two rounds of her two slots; bob's runs beside the first round
+    assert 2.0 <= time.monotonic() - started < 2.0 + 1.5
+    delivered_at = datetime.fromisoformat(job(client, bob, other["id"])["callback"]["delivered_at"])
+    first_round = [datetime.fromisoformat(job(client, alice, created["id"])["callback"]["attempt_log"][0]["at"])
+                   for created in slow_jobs]
+    assert delivered_at < min(first_round)  # before any of alice's attempts had ended
+
+
+@pytest.mark.both_backends
+def test_claims_take_one_row_at_a_time_and_skip_owners_at_their_limit(client, alice, bob) -> None:
+    from datetime import timedelta
+
+    from store.webhooks import claim_due
+
+    for owner in (alice, alice, alice, bob):
+        created = submit_with_callback(client, owner, "https://example.com/hook")
+        run_through_store(created["id"], result={"x": 1})
+    with session_scope() as session:
+        from store.webhooks import activate_finished
+
+        assert len(activate_finished(session, get_settings())) == 4
+    with session_scope() as session:
+        claimed = claim_due(session, lease=timedelta(seconds=60), limit=4, owners_busy={"alice": 1}, owner_limit=2)
+    assert [delivery.owner for delivery in claimed] == ["alice", "bob"]
+    with session_scope() as session:  # the claimed rows are leased; the two others are still due
+        rest = claim_due(session, lease=timedelta(seconds=60), limit=4)
+    assert [delivery.owner for delivery in rest] == ["alice", "alice"]
+    assert {delivery.id for delivery in rest}.isdisjoint(delivery.id for delivery in claimed)
+    with session_scope() as session:
+        assert claim_due(session, lease=timedelta(seconds=60), limit=4) == []
+
+
+# -- targets: resolved, vetted, pinned ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("address", "allowed"), [
+    ("93.184.215.14", True),
+    ("2606:2800:21f:cb07:6820:80da:af6b:8b2c", True),
+    ("127.0.0.1", False), ("127.8.9.10", False), ("::1", False), ("0.0.0.0", False), ("::", False),
+    ("10.1.2.3", False), ("172.16.0.1", False), ("192.168.1.1", False), ("100.64.0.1", False),
+    ("169.254.169.254", False), ("169.254.1.1", False), ("fe80::1", False), ("fe80::1%eth0", False),
+    ("fd12:3456::1", False), ("fd00:ec2::254", False), ("168.63.129.16", False), ("100.100.100.200", False),
+    ("224.0.0.251", False), ("239.1.2.3", False), ("ff02::1", False), ("240.0.0.1", False),
+    ("255.255.255.255", False), ("192.0.2.1", False), ("2001:db8::1", False),
+    ("::ffff:127.0.0.1", False), ("::ffff:10.0.0.1", False), ("::ffff:93.184.215.14", True),
+    ("2002:a00:1::1", False), ("2002:5db8:d70e::1", True),  # 6to4 of 10.0.0.1 and of a public address
+    ("64:ff9b::a9fe:a9fe", False), ("64:ff9b::5db8:d70e", True),  # NAT64 of the metadata and a public address
+    ("2001:0:4136:e378:8000:63bf:f5ff:fffe", False),  # Teredo
+])
+def test_only_public_addresses_are_called_by_default(address, allowed) -> None:
+    from store.webhook_targets import is_allowed_address
+
+    assert is_allowed_address(address, []) is allowed
+
+
+def test_allowed_networks_open_private_addresses_but_a_metadata_address_only_by_itself() -> None:
+    from ipaddress import ip_network
+
+    from store.webhook_targets import is_allowed_address
+
+    networks = [ip_network("10.0.0.0/8"), ip_network("127.0.0.0/8"), ip_network("169.254.0.0/16"),
+                ip_network("fd00::/8")]
+    assert is_allowed_address("10.9.8.7", networks) and is_allowed_address("::ffff:127.0.0.1", networks)
+    assert is_allowed_address("169.254.1.1", networks) and is_allowed_address("fd12::1", networks)
+    assert not is_allowed_address("169.254.169.254", networks) and not is_allowed_address("fd00:ec2::254", networks)
+    assert not is_allowed_address("192.168.0.1", networks)
+    assert is_allowed_address("169.254.169.254", [ip_network("169.254.169.254/32")])
+
+
+@pytest.mark.parametrize("url", [
+    "https://169.254.169.254/latest/meta-data/", "https://metadata.google.internal/computeMetadata/v1/",
+    "https://10.1.2.3/hook", "https://[fe80::1]/hook", "https://[::ffff:10.0.0.1]/hook", "https://[fd00:ec2::254]/",
+    "https://[2002:a00:1::1]/hook", "https://[64:ff9b::a9fe:a9fe]/", "https://0.0.0.0/hook", "https://224.0.0.1/",
+    "http://127.0.0.1:5432/", "http://[::1]:6379/", "http://localhost:8080/",  # loopback: refused by default
+    "https://intranet.example/hook", "https://v6private.example/hook",  # names resolving to private addresses
+    "https://mixed.example/hook",  # one public and one private address: either could be dialled
+    "https://nowhere.example/hook",  # does not resolve: the same answer, so names of a private zone stay unknown
+    "https://2130706433/hook",  # 127.0.0.1 written as one number
+])
+def test_targets_resolving_to_addresses_this_server_does_not_call_are_refused_at_submission(
+    client, alice, url, monkeypatch
+) -> None:
+    from store.webhook_targets import REFUSED_TARGET
+
+    configure(monkeypatch, webhook_allowed_networks="[]")
+    for path, body in (("/v1/jobs", {**montecarlo_spec(), "callback_url": url}),
+                       ("/v1/job-groups", {"base": montecarlo_spec(), "grid": {"params.seed": [1]},
+                                           "callback_url": url})):
+        problem = assert_problem(client.post(path, json=body, headers=alice), 422)
+        assert [(error["field"], error["message"]) for error in problem["errors"]] == [("callback_url",
+                                                                                          REFUSED_TARGET)]
+    assert client.get("/v1/jobs", headers=alice).json()["total"] == 0
+
+
+def test_the_operator_may_allow_networks(client, alice, monkeypatch) -> None:
+    configure(monkeypatch, webhook_allowed_networks='["10.0.0.0/8"]')
+    assert submit_with_callback(client, alice, "https://intranet.example/hook")["callback"]
+    assert submit_with_callback(client, alice, "https://10.1.2.3/hook")["callback"]
+    assert_problem(client.post("/v1/jobs", json={**montecarlo_spec(), "callback_url": "https://192.168.1.1/"},
+                               headers=alice), 422)
+
+
+def test_a_name_that_resolves_elsewhere_at_delivery_is_checked_again_and_not_called(
+    client, alice, receiver_factory, fake_dns, monkeypatch
+) -> None:
+    receiver = receiver_factory(200)
+    port = receiver.server.server_address[1]
+    configure(monkeypatch, webhook_allowed_networks="[]", webhook_http_hosts='["rebind.example"]')
+    fake_dns.table["rebind.example"] = ["93.184.215.30"]  # public when the job is submitted
+    created = submit_with_callback(client, alice, f"http://rebind.example:{port}/hook")
+    run_through_store(created["id"], result={"x": 1})
+    fake_dns.table["rebind.example"] = ["127.0.0.1"]  # then the name points at the server itself
+    assert deliver_once()["failed"] == 1
+    assert receiver.requests == []
+    callback = job(client, alice, created["id"])["callback"]
+    assert callback["status"] == "failed"  # final: a refused target is not retried
+    assert callback["attempt_log"][0]["error"] == "target not allowed by this server's webhook settings"
+
+
+def test_the_connection_goes_to_the_address_checked_and_keeps_the_name_in_the_host_header(
+    client, alice, receiver_factory, fake_dns, monkeypatch
+) -> None:
+    receiver = receiver_factory(204)
+    port = receiver.server.server_address[1]
+    configure(monkeypatch, webhook_http_hosts='["pinned.example"]')
+    fake_dns.table["pinned.example"] = ["127.0.0.1"]
+    created = submit_with_callback(client, alice, f"http://pinned.example:{port}/hook?x=1")
+    run_through_store(created["id"], result={"x": 1})
+    before = fake_dns.lookups["pinned.example"]
+    assert deliver_once()["delivered"] == 1  # the name resolves nowhere but in the table: no second lookup
+    assert fake_dns.lookups["pinned.example"] == before + 1
+    [(path, headers, _)] = receiver.requests
+    assert path == "/hook?x=1" and headers["host"] == f"pinned.example:{port}"
+
+
+def test_every_failure_without_an_http_status_reads_the_same(client, alice, receiver_factory, monkeypatch) -> None:
+    """Closed port, a service that is not HTTP, a silent listener and a tarpit: one phrase, so the log is no
+    port scanner."""
+    import socket
+
+    from tests.webhook_receiver import BannerServer
+
+    configure(monkeypatch, webhook_timeout_seconds="0.3", webhook_max_attempts="1")
+    closed = receiver_factory()
+    closed_url = closed.url
+    closed.close()
+    banner = BannerServer()
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog) and never answers
+    tarpit = receiver_factory(("trickle", 0.02))
+    try:
+        urls = [closed_url, banner.url, f"http://127.0.0.1:{silent.getsockname()[1]}/hook", tarpit.url]
+        jobs = [submit_with_callback(client, alice, url) for url in urls]
+        for created in jobs:
+            run_through_store(created["id"], result={"x": 1})
+        assert deliver_once()["failed"] == 4
+    finally:
+        banner.close()
+        silent.close()
+    entries = [job(client, alice, created["id"])["callback"]["attempt_log"][0] for created in jobs]
+    assert [(entry["status_code"], entry["error"]) for entry in entries] == [(None, "no HTTP response")] * 4
+
+
+def self_signed_certificate(directory: Path, name: str) -> tuple[Path, Path]:
+    certificate, key = directory / f"{name}.pem", directory / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={name}",
+                    "-addext", f"subjectAltName=DNS:{name}", "-keyout", str(key), "-out", str(certificate)],
+                   check=True, capture_output=True)
+    return certificate, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_an_https_target_is_verified_by_its_name_over_the_pinned_address(
+    client, alice, fake_dns, monkeypatch, tmp_path
+) -> None:
+    from worker import webhook_transport
+
+    certificate, key = self_signed_certificate(tmp_path, "tls.example")
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(certificate, key)
+    names_sent: list[str | None] = []
+    server_context.sni_callback = lambda _socket, name, _context: names_sent.append(name)
+    monkeypatch.setattr(webhook_transport, "ssl_context", lambda: ssl.create_default_context(cafile=str(certificate)))
+    configure(monkeypatch, webhook_max_attempts="1")
+    fake_dns.table["tls.example"] = ["127.0.0.1"]
+    fake_dns.table["other-name.example"] = ["127.0.0.1"]  # the same server, a name its certificate does not hold
+    receiver = Receiver([204], tls=server_context)
+    try:
+        port = receiver.server.server_address[1]
+        jobs = [submit_with_callback(client, alice, f"https://{name}:{port}/hook")
+                for name in ("tls.example", "other-name.example")]
+        for created in jobs:
+            run_through_store(created["id"], result={"x": 1})
+        counts = deliver_once()
+    finally:
+        receiver.close()
+    assert (counts["delivered"], counts["failed"]) == (1, 1)
+    assert sorted(filter(None, names_sent)) == ["other-name.example", "tls.example"]  # SNI: the URL's name
+    [(_, headers, _)] = receiver.requests
+    assert headers["host"] == f"tls.example:{port}"
+    logs = [job(client, alice, created["id"])["callback"]["attempt_log"][0] for created in jobs]
+    assert [(entry["status_code"], entry["error"]) for entry in logs] == [(204, None), (None, "no HTTP response")]

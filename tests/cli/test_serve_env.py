@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from cli.serve import api_argv, banner, stack_environment, worker_argv
+from cli.serve import api_argv, banner, settings_from_env, stack_environment, worker_argv
 
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("DATABASE_URL", "BROKER_URL", "REDIS_URL", "GPUEST_DATABASE_URL", "GPUEST_BROKER_URL",
-                 "GPUEST_AUTH_ENABLED", "GPUEST_DATA_DIR", "GPUEST_QUEUE"):
+                 "GPUEST_AUTH_ENABLED", "GPUEST_DATA_DIR", "GPUEST_QUEUE", "GPUEST_WEBHOOK_ALLOWED_NETWORKS",
+                 "GPUEST_WEBHOOK_HTTP_HOSTS"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -88,3 +89,16 @@ def test_stop_says_when_a_child_had_to_be_killed_after_the_grace_period(tmp_path
         f"gpuest: the worker process (pid {worker.pid}) did not stop within 0.5 s; killed it (a job it was running "
         "stays 'running' until a worker's reaper re-queues it)"
     ]
+
+
+def test_without_auth_webhooks_may_reach_loopback_unless_the_operator_says_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = stack_environment(tmp_path)
+    assert settings_from_env(env).webhook_allowed_networks == ["127.0.0.0/8", "::1/128"]
+    assert "GPUEST_WEBHOOK_ALLOWED_NETWORKS" not in stack_environment(tmp_path, {"GPUEST_AUTH_ENABLED": "true"})
+    monkeypatch.setenv("GPUEST_WEBHOOK_ALLOWED_NETWORKS", '["10.0.0.0/8"]')
+    monkeypatch.setenv("GPUEST_WEBHOOK_HTTP_HOSTS", '["receiver.internal"]')
+    settings = settings_from_env(stack_environment(tmp_path))
+    assert settings.webhook_allowed_networks == ["10.0.0.0/8"]
+    assert settings.webhook_http_hosts == ["receiver.internal"]

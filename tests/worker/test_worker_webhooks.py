@@ -24,7 +24,8 @@ BACKOFF_SECONDS = 3.0
 
 @pytest.fixture
 def webhook_env(stack_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    values = {"GPUEST_WEBHOOK_INTERVAL_SECONDS": "0.2", "GPUEST_WEBHOOK_BACKOFF_SECONDS": str(BACKOFF_SECONDS)}
+    values = {"GPUEST_WEBHOOK_INTERVAL_SECONDS": "0.2", "GPUEST_WEBHOOK_BACKOFF_SECONDS": str(BACKOFF_SECONDS),
+              "GPUEST_WEBHOOK_ALLOWED_NETWORKS": '["127.0.0.0/8"]'}  # the receiver is on loopback
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     stack_env.update(values)

@@ -1,6 +1,7 @@
 """The SCCS kinds' work measures (``JobKind.work``, capped by ``GPUEST_CPU_MAX_WORK``).
 
-- sccs_fit: covariate rows x fits, fits = 1 + bootstrap replicates + cross-validation folds x grid values.
+- sccs_fit: covariate rows x fits x max_iterations (each fit's CCD cycles, at their cap, pass over every
+  covariate row), fits = 1 + bootstrap replicates + cross-validation folds x grid values.
 - sccs_eras: the rows of its three person-level tables.
 - sccs_analyses: outcome rows x analyses (the exposures listed, else the covariate rows, which bound them).
 
@@ -29,8 +30,9 @@ def fit_work(params: SccsParams, rows: DatasetRows) -> Work:
     if params.cross_validation is not None:
         grid = params.cross_validation.grid
         fits += params.cross_validation.folds * (AUTO_CV_GRID_POINTS if grid == "auto" else len(grid))
-    return Work(float(rows.get("covariates_dataset_id", 0)) * fits, "covariate rows x fits (1 + bootstrap "
-                "replicates + folds x grid values)", "params.bootstrap" if params.bootstrap else "params",
+    return Work(float(rows.get("covariates_dataset_id", 0)) * fits * params.max_iterations, "covariate rows x fits "
+                "(1 + bootstrap replicates + folds x grid values) x max_iterations",
+                "params.bootstrap" if params.bootstrap else "params.max_iterations",
                 *_table_bytes(rows), "params.covariates_dataset_id")
 
 

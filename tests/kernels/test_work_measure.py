@@ -90,7 +90,7 @@ def test_dataset_kinds_count_the_stored_rows() -> None:
     fit = params("sccs_fit", outcomes_dataset_id="o", covariates_dataset_id="c",
                  bootstrap={"replicates": 50}, cross_validation={"folds": 5})
     assert job_work("sccs_fit", fit, {"covariates_dataset_id": 1000, "outcomes_dataset_id": 9}).units == (
-        1000 * (1 + 50 + 5 * AUTO_CV_GRID_POINTS))
+        1000 * (1 + 50 + 5 * AUTO_CV_GRID_POINTS) * 1000)  # CCD cycles at their cap, max_iterations
 
 
 def test_sccs_analyses_count_outcome_rows_per_analysis() -> None:

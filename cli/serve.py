@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO
 
 import httpx
+from pydantic_settings import EnvSettingsSource
 
 from core.settings import Settings
 from store.migrate import upgrade_to_head
@@ -70,13 +71,18 @@ def settings_from_env(env: Mapping[str, str]) -> Settings:
 
     ``env`` is this process's environment plus overrides, so the overrides passed as inputs are what differ.
     """
-    inputs: dict[str, str] = {}
+    inputs: dict[str, object] = {}
+    source = EnvSettingsSource(Settings)
     for name, value in env.items():
         upper = name.upper()
         if upper in {"DATABASE_URL", "BROKER_URL", "REDIS_URL", "GPUEST_DATABASE_URL", "GPUEST_BROKER_URL"}:
             inputs[upper] = value
         elif upper.startswith("GPUEST_"):
-            inputs[upper.removeprefix("GPUEST_").lower()] = value
+            key = upper.removeprefix("GPUEST_").lower()
+            model_field = Settings.model_fields.get(key)
+            # JSON-valued settings (dicts and lists) are decoded as the child's environment source decodes them
+            complex_value = model_field is not None and value and source.field_is_complex(model_field)
+            inputs[key] = source.decode_complex_value(key, model_field, value) if complex_value else value
     return Settings.model_validate(inputs)
 
 

@@ -46,5 +46,5 @@ def bootstrap_work(params: BootstrapParams, rows: DatasetRows) -> Work:
         "params.reps",
         float(n_rows) * _BOOTSTRAP_BYTES_PER_ROW,
         f"rows x {_BOOTSTRAP_BYTES_PER_ROW} bytes",
-        "params.dataset_id",
+        "params.dataset_id" if params.synthetic is None else "params.synthetic.n_obs",
     )

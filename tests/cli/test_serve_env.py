@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.serve import api_argv, banner, stack_environment, worker_argv
+from cli.serve import api_argv, banner, settings_from_env, stack_environment, worker_argv
 
 
 @pytest.fixture(autouse=True)
@@ -88,3 +88,12 @@ def test_stop_says_when_a_child_had_to_be_killed_after_the_grace_period(tmp_path
         f"gpuest: the worker process (pid {worker.pid}) did not stop within 0.5 s; killed it (a job it was running "
         "stays 'running' until a worker's reaper re-queues it)"
     ]
+
+
+def test_json_valued_settings_are_read_as_the_children_read_them(tmp_path: Path) -> None:
+    # `gpuest serve` with GPUEST_CPU_MAX_WORK (a JSON object) in its environment refused to start
+    env = stack_environment(tmp_path, {"GPUEST_CPU_MAX_WORK": '{"ks_solve": 0}',
+                                       "GPUEST_WEBHOOK_HTTP_HOSTS": '["receiver.internal"]'})
+    settings = settings_from_env(env)
+    assert settings.cpu_max_work == {"ks_solve": 0.0}
+    assert settings.webhook_http_hosts == ["receiver.internal"]

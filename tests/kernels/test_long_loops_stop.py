@@ -62,10 +62,18 @@ def test_the_pacer_is_due_once_per_interval() -> None:
 @pytest.mark.slow
 def test_a_dualcontrol_simulation_stops_on_cancel() -> None:
     # a million paths of 5,000 periods: tens of minutes on a CPU after a solve of a few seconds
-    axes = {axis: {"size": 8, "min": low, "max": high}
-            for axis, low, high in (("x", -9.0, 11.0), ("mu", -4.0, 4.0), ("sigma", 0.02, 2.0))}
-    params = {"policy": "myopic", "grid": axes, "quadrature_nodes": 4, "error_estimate": False,
-              "report_states": [[1.0, 0.5, 0.5]], "simulation": {"paths": 1_000_000, "horizon": 5000}}
+    axes = {
+        axis: {"size": 8, "min": low, "max": high}
+        for axis, low, high in (("x", -9.0, 11.0), ("mu", -4.0, 4.0), ("sigma", 0.02, 2.0))
+    }
+    params = {
+        "policy": "myopic",
+        "grid": axes,
+        "quadrature_nodes": 4,
+        "error_estimate": False,
+        "report_states": [[1.0, 0.5, 0.5]],
+        "simulation": {"paths": 1_000_000, "horizon": 5000},
+    }
     assert stops_within_seconds("dualcontrol_solve", params, "simulating") < LATENCY_SECONDS
 
 
@@ -73,6 +81,13 @@ def test_a_dualcontrol_simulation_stops_on_cancel() -> None:
 def test_a_ks_policy_step_on_a_large_grid_stops_on_cancel() -> None:
     # 1,000 x 100 capital grids: each Euler step is 400,000 interpolations at four next states, and the policy
     # may take up to a million of them
-    params = {"n_agents": 1_000, "periods": 200, "k_grid": {"size": 1000}, "K_grid": {"size": 100},
-              "policy_max_iterations": 1_000_000, "policy_tolerance": 1e-12, "den_haan_periods": 0}
+    params = {
+        "n_agents": 1_000,
+        "periods": 200,
+        "k_grid": {"size": 1000},
+        "K_grid": {"size": 100},
+        "policy_max_iterations": 1_000_000,
+        "policy_tolerance": 1e-12,
+        "den_haan_periods": 0,
+    }
     assert stops_within_seconds("ks_solve", params, "setup") < LATENCY_SECONDS

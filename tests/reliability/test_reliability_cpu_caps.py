@@ -28,13 +28,25 @@ DATABASE = "gpuest_cpu_caps"
 # A paced checkpoint (about a second) plus one period of the simulation, the progress write and the job's end
 STOP_SECONDS = 15.0
 JOB_TIMEOUT_SECONDS = 120.0
-WIDE_POLICY_GRID = {"n_agents": 1_000, "k_grid": {"size": 1000}, "K_grid": {"size": 100},
-                    "policy_max_iterations": 1_000_000}
+WIDE_POLICY_GRID = {
+    "n_agents": 1_000,
+    "k_grid": {"size": 1000},
+    "K_grid": {"size": 100},
+    "policy_max_iterations": 1_000_000,
+}
 HUGE_PANEL = {"n_agents": 200_000_000}
-AXES = {axis: {"size": 8, "min": low, "max": high}
-        for axis, low, high in (("x", -9.0, 11.0), ("mu", -4.0, 4.0), ("sigma", 0.02, 2.0))}
-LONG_SIMULATION = {"policy": "myopic", "grid": AXES, "quadrature_nodes": 4, "error_estimate": False,
-                   "report_states": [[1.0, 0.5, 0.5]], "simulation": {"paths": 1_000_000, "horizon": 5000}}
+AXES = {
+    axis: {"size": 8, "min": low, "max": high}
+    for axis, low, high in (("x", -9.0, 11.0), ("mu", -4.0, 4.0), ("sigma", 0.02, 2.0))
+}
+LONG_SIMULATION = {
+    "policy": "myopic",
+    "grid": AXES,
+    "quadrature_nodes": 4,
+    "error_estimate": False,
+    "report_states": [[1.0, 0.5, 0.5]],
+    "simulation": {"paths": 1_000_000, "horizon": 5000},
+}
 SMALL_MONTECARLO = {"n_clusters": 10, "cluster_size": 5, "n_regressors": 2, "replications": 20}
 
 
@@ -42,8 +54,9 @@ SMALL_MONTECARLO = {"n_clusters": 10, "cluster_size": 5, "n_regressors": 2, "rep
 def stack(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
     database_url = servers.postgres.create_database(DATABASE)
     settings = {"GPUEST_DEVICE": "auto", "GPUEST_CPU_MAX_WORK": '{"dualcontrol_solve": 0}'}
-    with service_stack(tmp_path_factory.mktemp("cpu-caps"), database_url, servers.redis.url, workers=2,
-                       settings=settings) as running:
+    with service_stack(
+        tmp_path_factory.mktemp("cpu-caps"), database_url, servers.redis.url, workers=2, settings=settings
+    ) as running:
         yield running
 
 
@@ -60,8 +73,11 @@ def bob(stack: ServiceStack) -> Iterator[httpx.Client]:
 
 
 def wait_simulating(client: httpx.Client, job_id: str) -> None:
-    wait_until(lambda: str(job(client, job_id)["stage"]).startswith("simulating "), JOB_TIMEOUT_SECONDS,
-               f"job {job_id} to be in its simulation")
+    wait_until(
+        lambda: str(job(client, job_id)["stage"]).startswith("simulating "),
+        JOB_TIMEOUT_SECONDS,
+        f"job {job_id} to be in its simulation",
+    )
 
 
 def test_gpu_sized_jobs_fail_fast_and_leave_the_workers_free(alice: httpx.Client, bob: httpx.Client) -> None:
@@ -71,8 +87,11 @@ def test_gpu_sized_jobs_fail_fast_and_leave_the_workers_free(alice: httpx.Client
     failed_after = time.monotonic() - started
     other = submit(bob, "crve_montecarlo", SMALL_MONTECARLO)
     other_state = wait_terminal(bob, [other], JOB_TIMEOUT_SECONDS)[other]
-    figures.record("cpu_caps_refused_at_the_worker", seconds=round(failed_after, 2),
-                   codes=[states[work]["error"]["code"], states[memory]["error"]["code"]])
+    figures.record(
+        "cpu_caps_refused_at_the_worker",
+        seconds=round(failed_after, 2),
+        codes=[states[work]["error"]["code"], states[memory]["error"]["code"]],
+    )
     assert states[work]["status"] == "failed" and states[work]["error"]["code"] == "cpu_work_cap"
     assert states[memory]["status"] == "failed" and states[memory]["error"]["code"] == "cpu_memory_cap"
     assert "params.n_agents" in states[memory]["error"]["message"]

@@ -20,12 +20,27 @@ from worker.progress import worker_stopping
 # After the cancel or shutdown: a checkpoint a second plus one loop iteration, then the progress write's
 # pause (0.5 s) and the job's ending, with room for a busy CI machine.
 LATENCY_SECONDS = 10.0
-WIDE_POLICY_GRID = {"n_agents": 1_000, "periods": 200, "k_grid": {"size": 1000}, "K_grid": {"size": 100},
-                    "policy_max_iterations": 1_000_000, "policy_tolerance": 1e-12, "den_haan_periods": 0}
-AXES = {axis: {"size": 8, "min": low, "max": high}
-        for axis, low, high in (("x", -9.0, 11.0), ("mu", -4.0, 4.0), ("sigma", 0.02, 2.0))}
-LONG_SIMULATION = {"policy": "myopic", "grid": AXES, "quadrature_nodes": 4, "error_estimate": False,
-                   "report_states": [[1.0, 0.5, 0.5]], "simulation": {"paths": 1_000_000, "horizon": 5000}}
+WIDE_POLICY_GRID = {
+    "n_agents": 1_000,
+    "periods": 200,
+    "k_grid": {"size": 1000},
+    "K_grid": {"size": 100},
+    "policy_max_iterations": 1_000_000,
+    "policy_tolerance": 1e-12,
+    "den_haan_periods": 0,
+}
+AXES = {
+    axis: {"size": 8, "min": low, "max": high}
+    for axis, low, high in (("x", -9.0, 11.0), ("mu", -4.0, 4.0), ("sigma", 0.02, 2.0))
+}
+LONG_SIMULATION = {
+    "policy": "myopic",
+    "grid": AXES,
+    "quadrature_nodes": 4,
+    "error_estimate": False,
+    "report_states": [[1.0, 0.5, 0.5]],
+    "simulation": {"paths": 1_000_000, "horizon": 5000},
+}
 
 
 @pytest.fixture
@@ -60,19 +75,27 @@ def run_until_stopped(job_id: str, stop: Callable[[], None], delay: float) -> tu
 
 def cancel(job_id: str, stages: list[str]) -> Callable[[], None]:
     """The owner's cancel; ``stages`` gets the stage the job had reported by then."""
+
     def request() -> None:
         stages.append(str(load(job_id).stage))
         with session_scope() as session:
             job_store.request_cancel(session, job_id, owner="tester")
+
     return request
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "params", "delay", "loop"), [
-    ("ks_solve", WIDE_POLICY_GRID, 3.0, "iteration 1: policy step"),
-    ("dualcontrol_solve", LONG_SIMULATION, 8.0, "simulating ")], ids=["ks", "dualcontrol"])
-def test_a_long_cpu_job_is_cancelled_within_seconds(caps_lifted: None, kind: str, params: dict[str, Any],
-                                                    delay: float, loop: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "params", "delay", "loop"),
+    [
+        ("ks_solve", WIDE_POLICY_GRID, 3.0, "iteration 1: policy step"),
+        ("dualcontrol_solve", LONG_SIMULATION, 8.0, "simulating "),
+    ],
+    ids=["ks", "dualcontrol"],
+)
+def test_a_long_cpu_job_is_cancelled_within_seconds(
+    caps_lifted: None, kind: str, params: dict[str, Any], delay: float, loop: str
+) -> None:
     job_id = submit(params, kind=kind)
     stages: list[str] = []
     outcome, latency = run_until_stopped(job_id, cancel(job_id, stages), delay)

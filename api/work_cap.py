@@ -1,6 +1,8 @@
-"""The CPU work cap at submission: where the API knows its jobs run on CPU workers, a job whose
-work (kernels/work.py) passes its kind's ``cpu_max_work`` is refused with a 422 naming the field to shrink,
-the cap and how to raise it. Elsewhere the CPU worker refuses it before computing (worker/execute.py)."""
+"""The CPU caps at submission: where the API knows its jobs run on CPU workers, a job whose work
+(kernels/work.py) passes its kind's CPU work cap (``cpu_max_work``, else the kind's default), or whose memory
+estimate passes ``cpu_max_job_bytes``, is refused with a 422 naming the field to shrink, the estimate, the cap,
+the GPU alternative and how to raise it. Elsewhere the CPU worker refuses it before computing
+(worker/execute.py)."""
 
 from __future__ import annotations
 
@@ -47,10 +49,11 @@ def dataset_rows(session: Session, owner: str, dataset_ids: Mapping[str, str]) -
 
 def cpu_cap_errors(session: Session, owner: str, kind: JobKind, params: JobParams, dataset_ids: Mapping[str, str],
                    settings: Settings) -> list[dict[str, object]]:
-    if not settings.cpu_max_work or kind.name not in settings.cpu_max_work or not jobs_run_on_cpu(kind, settings):
+    if kind.work is None or not jobs_run_on_cpu(kind, settings):
         return []
-    problem = cap_problem(kind.name, params, dataset_rows(session, owner, dataset_ids), settings.cpu_max_work)
-    return [] if problem is None else [field_error(problem[0], problem[1], type_="cpu_work_cap")]
+    problem = cap_problem(kind.name, params, dataset_rows(session, owner, dataset_ids), settings.cpu_max_work,
+                          settings.cpu_max_job_bytes)
+    return [] if problem is None else [field_error(problem.field, problem.message, type_=problem.code)]
 
 
 def check_cpu_work_cap(session: Session, owner: str, kind: JobKind, params: JobParams, dataset_ids: Mapping[str, str],

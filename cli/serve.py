@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import shlex
 import signal
@@ -22,15 +21,15 @@ import subprocess
 import sys
 import threading
 import time
-import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import httpx
+from pydantic_settings import EnvSettingsSource
 
 from core.settings import Settings
 from store.migrate import upgrade_to_head
@@ -73,26 +72,19 @@ def settings_from_env(env: Mapping[str, str]) -> Settings:
 
     ``env`` is this process's environment plus overrides, so the overrides passed as inputs are what differ.
     """
-    inputs: dict[str, Any] = {}
+    inputs: dict[str, object] = {}
+    source = EnvSettingsSource(Settings)
     for name, value in env.items():
         upper = name.upper()
         if upper in {"DATABASE_URL", "BROKER_URL", "REDIS_URL", "GPUEST_DATABASE_URL", "GPUEST_BROKER_URL"}:
             inputs[upper] = value
         elif upper.startswith("GPUEST_"):
-            field = upper.removeprefix("GPUEST_").lower()
-            inputs[field] = _decoded(field, value)
+            key = upper.removeprefix("GPUEST_").lower()
+            model_field = Settings.model_fields.get(key)
+            # JSON-valued settings (dicts and lists) are decoded as the child's environment source decodes them
+            complex_value = model_field is not None and value and source.field_is_complex(model_field)
+            inputs[key] = source.decode_complex_value(key, model_field, value) if complex_value else value
     return Settings.model_validate(inputs)
-
-
-def _decoded(field: str, value: str) -> Any:
-    """A list or mapping setting's JSON as the environment source decodes it; any other value as it is."""
-    info = Settings.model_fields.get(field)
-    if info is None or typing.get_origin(info.annotation) not in (list, dict):
-        return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value  # the settings' own error names the field
 
 
 class StackStartError(RuntimeError):

@@ -192,9 +192,14 @@ class Settings(BaseSettings):
     # work per job on CPU workers (kernels/work.py defines each kind's measure)
     cpu_max_work: dict[str, float] = Field(
         default_factory=dict, description='Largest work per job on a CPU worker, per kind, as JSON: '
-        '{"crve_montecarlo": 2e9, "ks_solve": 1e8} (units in kernels/work.py); kinds not named are not capped. '
-        "Refused at submission (422) where the API knows jobs run on CPU (`GPUEST_DEVICE=cpu`, or the embedded "
-        "stack without a GPU), else failed by the CPU worker before it computes",
+        '{"crve_montecarlo": 2e9, "ks_solve": 5e10} (units in kernels/work.py; 0: no cap); a kind not named keeps '
+        "its default cap (README: CPU work cap). Refused at submission (422) where the API knows jobs run on CPU "
+        "(`GPUEST_DEVICE=cpu`, or the embedded stack without a GPU), else failed by the CPU worker before it "
+        "computes",
+    )
+    cpu_max_job_bytes: int = Field(
+        8 * 1024**3, ge=0, description="Largest memory estimate of one job on a CPU worker (each kind's estimate, "
+        "kernels/<family>/work.py); refused and failed as GPUEST_CPU_MAX_WORK; 0: no memory cap",
     )
     # datasets are read by memory-mapping a decoded copy rather than decoding their Parquet file each run
     decoded_dir: Path | None = Field(

@@ -8,7 +8,11 @@ tests, benchmarks and library use.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Protocol
+
+# How often a long loop reports at most (a report is where cancellation and a warm shutdown take effect).
+CHECKPOINT_SECONDS = 1.0
 
 
 class JobCancelled(Exception):
@@ -43,3 +47,21 @@ class LocalProgress:
 
     def cancel(self) -> None:
         self._cancelled.set()
+
+
+class Pacer:
+    """Paces a long loop's checkpoints by the clock: :meth:`due` is true once ``every_seconds`` passed since
+    the last time it was (or since the pacer was made). A loop asks every iteration, however long its
+    iterations are, and reports only when due: cancellation and a warm shutdown act within about
+    ``every_seconds`` plus one iteration, and a fast loop does not report per iteration."""
+
+    def __init__(self, every_seconds: float = CHECKPOINT_SECONDS) -> None:
+        self.every_seconds = every_seconds
+        self._last = time.monotonic()
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.every_seconds:
+            return False
+        self._last = now
+        return True

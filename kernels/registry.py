@@ -39,16 +39,22 @@ DatasetRows = Mapping[str, int]  # params field -> the stored rows of the datase
 
 @dataclass(frozen=True)
 class Work:
-    """A job's work, the formula that gave it (for the message) and the params field to shrink first."""
+    """A job's work, the formula that gave it (for the message) and the params field to shrink first; its
+    peak memory on NumPy in bytes, with its formula and the field that drives it."""
 
     units: float
     formula: str
     field: str
+    bytes: float = 0.0
+    bytes_formula: str = ""
+    bytes_field: str = ""
 
 
-# A kind's work measure: its job's size in one number (what GPUEST_CPU_MAX_WORK caps), from its validated
-# params and its datasets' stored rows. It counts the element operations of the kind's dominant loop (the run
-# time grows in proportion, other settings equal); units differ between kinds, hence one cap per kind.
+# A kind's work measure: its job's size (what GPUEST_CPU_MAX_WORK and GPUEST_CPU_MAX_JOB_BYTES cap), from its
+# validated params and its datasets' stored rows. ``units`` counts the element operations of every loop that
+# costs time, each iterative loop at its iteration cap (the worst case the params allow: a cap admits no job
+# that could run longer than it says); ``bytes`` estimates the largest arrays alive at once. Units differ
+# between kinds, hence one work cap per kind.
 WorkMeasure = Callable[[Any, DatasetRows], Work]
 
 
@@ -76,7 +82,9 @@ class JobKind:
     ``dataset_fields`` are the params fields that hold dataset ids; ``host_only`` kinds always run on NumPy
     (their work is table manipulation a GPU would not speed up), and say ``"device": "cpu"``.
 
-    ``work``: the kind's work measure (a kind without one is never capped). ``split_module``: the module whose
+    ``work``: the kind's work measure (a kind without one is never capped); ``cpu_max_work``: the kind's cap on
+    it for a job that runs on a CPU when the operator names none (``GPUEST_CPU_MAX_WORK``), None for no such
+    default. ``split_module``: the module whose
     ``SPLIT`` (a :class:`~kernels.fanout.Split`) fans the kind's jobs out over several workers; empty for a
     kind that always runs whole. ``plots_module``: the module whose ``PLOTS`` lists the kind's plots
     (``plots/registry.py``); empty for none. Both are named, not imported: a split builds on the runner (it
@@ -92,6 +100,7 @@ class JobKind:
     summary: str = ""
     host_only: bool = False
     work: WorkMeasure | None = None
+    cpu_max_work: float | None = None
     split_module: str = ""
     plots_module: str = ""
 

@@ -32,7 +32,7 @@ from kernels.context import RunContext, namespace_for, run_kind
 from kernels.progress import JobCancelled
 from kernels.registry import JobKind, get_kind
 from kernels.spec import JobParams
-from kernels.work import cap_problem
+from kernels.work import MEMORY_CAP_CODE, CapProblem, cap_problem
 from store import jobs as job_store
 from store import work
 from store.artifacts import discard_pending_outcome, load_pending_outcome, save_pending_outcome
@@ -328,9 +328,10 @@ def _run(
         if isinstance(spec, ValidationError):
             raise spec
         assert spec is not None
-        over_cap = cpu_work_cap_problem(placement, spec, dataset_ids)
+        over_cap = cpu_cap_problem(placement, spec, dataset_ids)
         if over_cap is not None:
-            return _failed(job_id, "cpu_work_cap", "CpuWorkCap", over_cap)
+            error_type = "CpuMemoryCap" if over_cap.code == MEMORY_CAP_CODE else "CpuWorkCap"
+            return _failed(job_id, over_cap.code, error_type, f"{over_cap.field}: {over_cap.message}")
         ctx = RunContext(placement.xp, progress, dataset_loader(dataset_ids), dataset_fields=tuple(dataset_ids),
                          cache=job_cache.enter(job_id))
         # A fanned-out job whose chunks succeeded comes back to be finished from their outputs.
@@ -361,16 +362,18 @@ def _run(
         return _internal_failure(job_id, exc)
 
 
-def cpu_work_cap_problem(placement: Placement, spec: JobParams, dataset_ids: Mapping[str, str]) -> str | None:
-    """The operator's CPU cap (``cpu_max_work``), for a job placed on NumPy: the message when its work (its
-    kind's measure, ``JobKind.work``) passes its kind's cap. The API refuses such jobs at submission where it
-    knows they run on CPU; this is the worker's own check for the rest (GPUEST_DEVICE=auto with servers)."""
-    caps = get_settings().cpu_max_work
+def cpu_cap_problem(placement: Placement, spec: JobParams, dataset_ids: Mapping[str, str]) -> CapProblem | None:
+    """The CPU caps, for a job placed on NumPy: the problem when its work (its kind's measure, ``JobKind.work``)
+    passes its kind's work cap (``cpu_max_work``, else the kind's default) or its memory estimate passes
+    ``cpu_max_job_bytes``. The API refuses such jobs at submission where it knows they run on CPU; this is the
+    worker's own check for the rest (GPUEST_DEVICE=auto with servers). A GPU worker keeps its kinds' own
+    bounds (the params' limits on grids and panels)."""
     assert placement.kind is not None and placement.xp is not None
-    if placement.kind.name not in caps or not backend.is_numpy(placement.xp):
+    if placement.kind.work is None or not backend.is_numpy(placement.xp):
         return None
-    problem = cap_problem(placement.kind.name, spec, dataset_rows(dataset_ids), caps)
-    return None if problem is None else f"{problem[0]}: {problem[1]}"
+    settings = get_settings()
+    return cap_problem(placement.kind.name, spec, dataset_rows(dataset_ids), settings.cpu_max_work,
+                       settings.cpu_max_job_bytes)
 
 
 def _placement_failure(job_id: str, error: Exception) -> Outcome:

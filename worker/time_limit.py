@@ -3,7 +3,8 @@
 The worker runs Celery's solo pool, where Celery's own task time limits do not work, so the worker keeps its
 own. Each job (and each chunk of a fanned-out job, with its job's limits) gets two:
 
-- a **soft limit** derived from the kind's work estimate (:func:`kernels.work.job_work`): the estimated
+- a **soft limit** derived from the kind's work estimate (:func:`kernels.work.job_work`, every loop at its
+  iteration cap, so a job that converges early stays far within it): the estimated
   seconds (work units over the kind's throughput, ``GPUEST_TIME_LIMIT_WORK_PER_SECOND``, else
   ``GPUEST_TIME_LIMIT_DEFAULT_WORK_PER_SECOND``) times ``GPUEST_TIME_LIMIT_FACTOR``, at least
   ``GPUEST_TIME_LIMIT_MIN_SECONDS`` and at most ``GPUEST_TIME_LIMIT_MAX_SECONDS`` (a kind without a work

@@ -38,7 +38,12 @@ from kernels.crve.spec import (
     RestrictionRow,
 )
 from kernels.crve.synthetic import synthetic_columns
-from kernels.crve.work import bootstrap_work, montecarlo_work
+from kernels.crve.work import (
+    DEFAULT_BOOTSTRAP_CPU_MAX_WORK,
+    DEFAULT_MONTECARLO_CPU_MAX_WORK,
+    bootstrap_work,
+    montecarlo_work,
+)
 from kernels.registry import JobKind, KindExample
 from kernels.spec import settings_from
 
@@ -523,6 +528,7 @@ KINDS = [
             }
         ),
         work=bootstrap_work,
+        cpu_max_work=DEFAULT_BOOTSTRAP_CPU_MAX_WORK,
         split_module="kernels.crve.bootstrap_chunks",
         plots_module="plots.crve",
     ),
@@ -544,6 +550,7 @@ KINDS = [
             }
         ),
         work=montecarlo_work,
+        cpu_max_work=DEFAULT_MONTECARLO_CPU_MAX_WORK,
         split_module="kernels.crve.montecarlo_chunks",
         plots_module="plots.crve",
     ),

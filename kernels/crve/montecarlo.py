@@ -338,6 +338,8 @@ def summarise(shift: float, partials: Sequence[BlockPartial], crit: dict[float, 
 
 
 BlockFunction = Callable[[int, int], ReplicationStats]
+# float64s of generated data a NumPy block of replications holds (a GPU block: its own, larger budget)
+NUMPY_BLOCK_ELEMENTS = 8_000_000
 
 
 def block_size(design: Design, budget_elements: int, extra_per_replication: int = 0) -> int:
@@ -393,7 +395,7 @@ def plan_simulation(
     replications: int,
     bootstrap_reps: int | None,
     weights_type: str,
-    numpy_block_elements: int = 8_000_000,
+    numpy_block_elements: int = NUMPY_BLOCK_ELEMENTS,
     gpu_block_elements: int = 125_000_000,
 ) -> SimulationPlan:
     """The blocks of a run on ``xp``: on the GPU ``gpu_block_elements`` bounds a block's cluster statistics and
@@ -464,7 +466,7 @@ def simulate(
     weights_type: str,
     report: Callable[[float, str], None],
     timer: StageTimer,
-    numpy_block_elements: int = 8_000_000,
+    numpy_block_elements: int = NUMPY_BLOCK_ELEMENTS,
     gpu_block_elements: int = 125_000_000,
 ) -> tuple[MonteCarloSummary, int]:
     """The whole Monte Carlo in blocks of replications; returns the summary and the draws per replication.

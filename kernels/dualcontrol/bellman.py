@@ -76,6 +76,10 @@ class BellmanOperator(Protocol):
         """``(min_u Q(u; S, values), argmin)`` at every grid point (Bellman operator)."""
 
 
+# Points x nodes per chunk of the NumPy operator: about 25 temporaries of this many entries live at once.
+CHUNK_ENTRIES = 1 << 20
+
+
 class ArrayBellman:
     """Vectorised over grid points in chunks (bounded temporaries); NumPy twin of :class:`CudaBellman`."""
 
@@ -87,7 +91,7 @@ class ArrayBellman:
         xp: Any,
         dtype: Any = np.float64,
         minimiser: MinimiserSettings | None = None,
-        chunk_entries: int = 1 << 20,  # points x nodes per chunk: ~25 such temporaries live
+        chunk_entries: int = CHUNK_ENTRIES,
         interpolation: Interpolation = "trilinear",
     ) -> None:
         self.model, self.grid, self.xp, self.dtype = model, grid, xp, np.dtype(dtype)

@@ -15,6 +15,8 @@ from kernels.dualcontrol import SOLVE_KIND
 from kernels.dualcontrol.grid import StateGrid, make_state_grid
 from kernels.dualcontrol.model import ModelParams
 from kernels.dualcontrol.report import (
+    ERROR_GRIDS,
+    SMALLEST_ERROR_AXIS,
     ExactReport,
     StateEvaluator,
     exact_report,
@@ -33,13 +35,11 @@ from kernels.dualcontrol.spec import (
     StateReport,
     StateSimulation,
 )
-from kernels.dualcontrol.work import solve_work
+from kernels.dualcontrol.work import DEFAULT_CPU_MAX_WORK, solve_work
 from kernels.registry import JobKind, KindExample
 
 # Tolerance of the myopic solve that accompanies an optimal one: its own default, or tighter if asked.
 _MYOPIC_COMPANION_TOLERANCE = 1e-6
-# Grids of the error estimate: the solved one, then halved per axis twice (no axis below this many nodes).
-_ERROR_GRIDS, _SMALLEST_ERROR_AXIS = 2, 4
 
 
 def _grid(params: DualControlParams) -> StateGrid:
@@ -118,7 +118,7 @@ def _solve_with_reports(
         if level_grid.shape == grid.shape:
             run.scale = float(np.abs(host_values).max())
 
-    extra = halved_shapes(grid.shape, _ERROR_GRIDS, _SMALLEST_ERROR_AXIS) if params.error_estimate else []
+    extra = halved_shapes(grid.shape, ERROR_GRIDS, SMALLEST_ERROR_AXIS) if params.error_estimate else []
     start, share = progress
     main_share = share * (0.9 if extra else 1.0)
     run.solution = solve(
@@ -159,7 +159,12 @@ def _optional(values: np.ndarray | None, i: int) -> float | None:
 
 
 def _simulate(
-    params: DualControlParams, model: ModelParams, runs: dict[str, _PolicyRun], states: np.ndarray, xp: Any
+    params: DualControlParams,
+    model: ModelParams,
+    runs: dict[str, _PolicyRun],
+    states: np.ndarray,
+    ctx: RunContext,
+    progress: tuple[float, float],
 ) -> SimulationReport:
     """Monte Carlo of every solved policy (the main one and the myopic companion) from the report states,
     each with its control at the exact simulated states and its finest grid value for the tail; on the job's
@@ -170,10 +175,12 @@ def _simulate(
     for name, run in runs.items():
         assert run.solution is not None
         evaluator = StateEvaluator(model, run.solution.grid, run.solution.value, params.quadrature_nodes,
-                                   params.interpolation, xp)
+                                   params.interpolation, ctx.xp)
         controls[name], tails[name] = simulation_rules(model, name, evaluator, run.solution.policy)
     horizon = spec.horizon if spec.horizon is not None else horizon_for(model.delta)
-    result = simulate_costs(model, states, controls, tails, spec.paths, horizon, spec.seed, xp)
+    start, share = progress
+    result = simulate_costs(model, states, controls, tails, spec.paths, horizon, spec.seed, ctx.xp,
+                            checkpoint=lambda f, stage: ctx.progress(start + share * f, stage))
     voe = result.differences.get(("myopic", "optimal"))
     return SimulationReport(
         paths=spec.paths,
@@ -268,10 +275,10 @@ def run_solve(params: DualControlParams, ctx: RunContext) -> DualControlResult:
         with ctx.stage("simulation"):
             ctx.progress(0.95 - simulate_share, "simulating the policies' costs")
             simulation = _simulate(params, model, {r.policy: r for r in (main, myopic) if r is not None}, states,
-                                   ctx.xp)
+                                   ctx, (0.95 - simulate_share, simulate_share))
 
     with ctx.stage("report"):
-        shapes = [grid.shape, *halved_shapes(grid.shape, _ERROR_GRIDS, _SMALLEST_ERROR_AXIS)]
+        shapes = [grid.shape, *halved_shapes(grid.shape, ERROR_GRIDS, SMALLEST_ERROR_AXIS)]
         reports, experimentation = _state_reports(states, main, myopic, shapes, (tolerance, companion_tolerance))
         solution = main.solution
         assert solution is not None
@@ -336,6 +343,7 @@ KINDS = [
         example=KindExample(EXAMPLE_PARAMS),
         summary="Dual control (learning and experimentation) dynamic programme: inert, myopic or optimal policy",
         work=solve_work,
+        cpu_max_work=DEFAULT_CPU_MAX_WORK,
         plots_module="plots.dualcontrol",
     ),
 ]

@@ -154,6 +154,10 @@ def richardson(sequence: Sequence[np.ndarray]) -> np.ndarray:
     return np.where(diff1 * diff2 >= 0.0, geometric, d1 + np.abs(diff2))
 
 
+# Grids of the error estimate: the solved one, then halved per axis twice (no axis below this many nodes).
+ERROR_GRIDS, SMALLEST_ERROR_AXIS = 2, 4
+
+
 def halved_shapes(shape: tuple[int, int, int], count: int, smallest: int = 4) -> list[tuple[int, int, int]]:
     """Up to ``count`` grid shapes, each axis halved (rounding up) per step, none with an axis below
     ``smallest`` (the coarse-to-fine levels use the same rule)."""

@@ -25,6 +25,7 @@ import numpy as np
 from kernels import rng
 from kernels.backend import to_host
 from kernels.dualcontrol.model import ModelParams, inert_value
+from kernels.progress import Pacer
 
 StateFunction = Callable[[Any, Any, Any], Any]  # (x, mu, Sigma) flat arrays -> one number per state
 
@@ -70,12 +71,20 @@ def simulate_costs(
     horizon: int,
     seed: int,
     xp: Any = np,
+    checkpoint: Callable[[float, str], None] | None = None,
 ) -> SimulationResult:
     """Discounted cost of every policy in ``controls`` from each row ``[x, mu, Sigma]`` of ``states``.
 
     ``controls[name]`` gives the policy's control and ``tails[name]`` its cost-to-go (for the tail term) at
-    flat arrays of states; both run on ``xp``.
+    flat arrays of states; both run on ``xp``. ``checkpoint(fraction, stage)`` about every second (progress in
+    [0, 1] of the simulation, cancellation: a period of many paths may take seconds).
     """
+    pacer, steps = Pacer(), horizon * (1 + len(controls))
+
+    def period_done(step: int, name: str, t: int) -> None:
+        if checkpoint is not None and pacer.due():
+            checkpoint(step / steps, f"simulating {name}: period {t + 1}/{horizon}")
+
     assert n_paths >= 2, f"need at least two paths for a standard error, not {n_paths}"
     n_states = states.shape[0]
     size = n_states * n_paths
@@ -91,10 +100,11 @@ def simulate_costs(
     for t in range(horizon):
         inert_x = model.alpha + model.gamma * inert_x + shock(t)
         inert_cost = inert_cost + model.delta**t * ((inert_x - model.xbar) ** 2 + model.omega * model.ubar**2)
+        period_done(t, "the inert control variate", t)
     inert_cost = inert_cost + model.delta**horizon * inert_value(model, inert_x)
 
     path_costs: dict[str, np.ndarray] = {}
-    for name, control in controls.items():
+    for index, (name, control) in enumerate(controls.items(), start=1):
         x, mu, s, cost = x0, mu0, s0, xp.zeros(size)
         for t in range(horizon):
             u = control(x, mu, s)
@@ -103,6 +113,7 @@ def simulate_costs(
             s_next = 1.0 / (1.0 / s + u * u / model.sigma_eps2)
             mu = s_next * (mu / s + u * (x_next - model.alpha - model.gamma * x) / model.sigma_eps2)
             x, s = x_next, s_next
+            period_done(index * horizon + t, name, t)
         cost = cost + model.delta**horizon * tails[name](x, mu, s)
         path_costs[name] = to_host(cost).reshape(n_states, n_paths)
 

@@ -28,6 +28,7 @@ policy and the Euler equation sit at the limit (the Euler equation holds as an i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ from kernels.ks.model import (
     wage,
 )
 from kernels.ks.policy import next_aggregate_capital
+from kernels.progress import Pacer
 
 CONSUMPTION_FLOOR = 1e-10  # as in the policy step: a non-positive future consumption is replaced by this
 
@@ -105,8 +107,9 @@ def policy_table(policy: Any, grids: Grids) -> np.ndarray:
 
 
 def histogram_path(cal: Calibration, grids: Grids, method: Method, policy: Any, inputs: AccuracyInputs,
-                   periods: int | None = None) -> HistogramPath:
-    """Move the histogram of ``inputs`` along its aggregate path for ``periods`` periods (default: all)."""
+                   periods: int | None = None, checkpoint: Callable[[int], None] | None = None) -> HistogramPath:
+    """Move the histogram of ``inputs`` along its aggregate path for ``periods`` periods (default: all);
+    ``checkpoint(t)`` about every second (progress, cancellation)."""
     table = policy_table(policy, grids)
     k_nodes = np.asarray(inputs.k_nodes, dtype=np.float64)
     a_path = inputs.a_path
@@ -115,7 +118,10 @@ def histogram_path(cal: Calibration, grids: Grids, method: Method, policy: Any, 
     planes = np.arange(2).reshape(2, 1)
     points = np.broadcast_to(k_nodes, (2, k_nodes.size))
     capital = np.empty(periods)
+    pacer = Pacer()
     for t in range(periods):
+        if checkpoint is not None and pacer.due():
+            checkpoint(t)
         a = int(a_path[t])
         capital[t] = aggregate_capital(cal, k_nodes, conditional, a)
         if t == periods - 1:
@@ -251,13 +257,14 @@ class HistogramTest:
 
 
 def histogram_test(cal: Calibration, grids: Grids, method: Method, policy: Any, alm: np.ndarray,
-                   inputs: AccuracyInputs, periods: int | None = None) -> HistogramTest:
+                   inputs: AccuracyInputs, periods: int | None = None,
+                   checkpoint: Callable[[int], None] | None = None) -> HistogramTest:
     """Den Haan's statistics on the histogram path of ``inputs``, the mean of K along it, and the Euler
     errors on the grid (k at the histogram's nodes) and along the individual path (when ``inputs`` has one)."""
     periods = inputs.periods if periods is None else periods
     if not 2 <= periods <= inputs.periods:
         raise ValueError(f"the accuracy test's path has {inputs.periods} periods; {periods} were asked for")
-    path = histogram_path(cal, grids, method, policy, inputs, periods)
+    path = histogram_path(cal, grids, method, policy, inputs, periods, checkpoint)
     a_path = inputs.a_path[:periods]
     max_gap, mean_gap, implied = alm_mod.den_haan_errors(path.capital, a_path, alm)
     grid_errors = euler_errors_on_grid(cal, grids, method, policy, alm, inputs.k_nodes)

@@ -24,7 +24,7 @@ from kernels.ks.spec import (
     KSSolveResult,
     StateALM,
 )
-from kernels.ks.work import solve_work
+from kernels.ks.work import DEFAULT_CPU_MAX_WORK, solve_work
 from kernels.registry import JobKind, KindExample
 from kernels.spec import settings_from
 
@@ -153,7 +153,8 @@ def run_solve(params: KSSolveParams, ctx: RunContext) -> KSSolveResult:
         ctx.progress(0.95, "JEDC accuracy test")
         with ctx.stage("accuracy_test"):
             accuracy = histogram_test(cal, grids, params.interpolation, solution.policy, solution.alm, inputs,
-                                      params.den_haan_periods)
+                                      params.den_haan_periods,
+                                      lambda t: ctx.progress(0.95, f"JEDC accuracy test: period {t}"))
     with ctx.stage("artifacts"):
         _save_artifacts(ctx, solution, grids)
         if accuracy is not None:
@@ -183,6 +184,7 @@ KS_SOLVE = JobKind(
     summary="Krusell-Smith (1998) economy solved by the KS algorithm: Euler-equation or EGM policy step and "
     "panel simulation on the GPU (or the ALM fitted on a non-stochastic histogram), the JEDC 2010 accuracy test",
     work=solve_work,
+    cpu_max_work=DEFAULT_CPU_MAX_WORK,
     plots_module="plots.ks",
 )
 

@@ -34,6 +34,7 @@ from kernels.backend import is_numpy
 from kernels.ks.grids import Grids
 from kernels.ks.interp import Method, interpolate
 from kernels.ks.model import Calibration, interest_rate, labour_income_factor, wage, wealth
+from kernels.progress import Pacer
 
 CONSUMPTION_FLOOR = 1e-10  # MMV: a non-positive future consumption is replaced by this
 _EULER_THREADS = 128  # block size of the Euler step (a launch parameter: the kernel has no shared memory)
@@ -239,7 +240,8 @@ def solve_policy(
     """Iterate the Euler equation to its fixed point for the ALM ``alm`` from the guess ``policy``.
 
     On a GPU the fused CUDA kernel runs each step (``use_kernel=False`` forces the array code).
-    ``checkpoint(iteration)`` is called every ``checkpoint_every`` iterations (progress, cancellation).
+    ``checkpoint(iteration)`` is called every ``checkpoint_every`` iterations and whenever a second passed
+    since the last call (progress, cancellation: a large grid's step may take seconds).
     """
     if use_kernel is None:
         use_kernel = not is_numpy(xp)
@@ -250,11 +252,12 @@ def solve_policy(
     prices = device_prices(xp, problem, alm)
     step = egm_update if settings.method == "egm" else euler_update
     diff = float("inf")
+    pacer = Pacer()
     for iteration in range(1, settings.max_iterations + 1):
         policy, diff = step(xp, problem, policy, prices, settings.damping)
         if settings.checks(iteration) and diff <= settings.tolerance:
             return PolicySolution(policy, iteration, diff, True)
-        if checkpoint is not None and iteration % checkpoint_every == 0:
+        if checkpoint is not None and (iteration % checkpoint_every == 0 or pacer.due()):
             checkpoint(iteration)
     return PolicySolution(policy, settings.max_iterations, diff, False)
 
@@ -343,6 +346,7 @@ def _solve_policy_cuda(xp: ModuleType, problem: EulerProblem, alm: np.ndarray, p
             kernel((blocks,), (threads,), (source, target, change, problem.k_nodes, problem.wealth_now, capital_next,
                                            rates, wages, prob, factors, *grid, code, *constants, damping, floor))
     diff = float("inf")
+    pacer = Pacer()
     for iteration in range(1, settings.max_iterations + 1):
         launch(current, scratch)
         current, scratch = scratch, current
@@ -350,6 +354,6 @@ def _solve_policy_cuda(xp: ModuleType, problem: EulerProblem, alm: np.ndarray, p
             diff = float(change.max())
             if diff <= settings.tolerance:
                 return PolicySolution(current, iteration, diff, True)
-        if checkpoint is not None and iteration % checkpoint_every == 0:
+        if checkpoint is not None and (iteration % checkpoint_every == 0 or pacer.due()):
             checkpoint(iteration)
     return PolicySolution(current, settings.max_iterations, diff, False)

@@ -32,6 +32,7 @@ from kernels.ks.grids import Grids
 from kernels.ks.interp import Method, interpolate
 from kernels.ks.model import Calibration, aggregate_transition, conditional_employment
 from kernels.ks.policy import grid_args, method_code
+from kernels.progress import Pacer
 
 # Philox streams (the key is the job's seed): one per independent family of draws, registered (with their
 # fixed numbers) in kernels.rng.STREAMS.
@@ -113,6 +114,7 @@ def simulate_panel(
     k, employed = k0, employed0
     path = np.empty(periods)
     capital = float(np.clip(float(xp.mean(k, dtype=xp.float64)), grids.K_min, grids.K_max))
+    pacer = Pacer()
     for t in range(periods):
         path[t] = capital
         a_now, a_next = int(a_path[t]), int(a_path[t + 1])
@@ -123,7 +125,7 @@ def simulate_panel(
         p_emp = xp.where(employed == 1, emp_prob[a_now, a_next, 1], emp_prob[a_now, a_next, 0])
         employed = (u < p_emp).astype(xp.uint8)
         capital = float(np.clip(float(xp.mean(k, dtype=xp.float64)), grids.K_min, grids.K_max))
-        if checkpoint is not None and (t + 1) % checkpoint_every == 0:
+        if checkpoint is not None and ((t + 1) % checkpoint_every == 0 or pacer.due()):
             checkpoint(t + 1)
     return PanelResult(path, k, employed)
 

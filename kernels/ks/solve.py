@@ -378,11 +378,13 @@ def histogram_mass_at_top(distribution: np.ndarray) -> float:
 
 
 def simulate_histogram(cal: Calibration, grids: Grids, settings: SolveSettings, policy: Any, k_nodes: np.ndarray,
-                       start: np.ndarray, a_path: np.ndarray) -> accuracy.HistogramPath:
+                       start: np.ndarray, a_path: np.ndarray,
+                       checkpoint: Callable[[int], None] | None = None) -> accuracy.HistogramPath:
     """K_0 .. K_{T-1} of the histogram along ``a_path`` (a_0 .. a_T) and its distribution at T."""
     inputs = AccuracyInputs(a_path=np.asarray(a_path, dtype=np.int8), k_nodes=k_nodes, distribution=start,
                             name="solve")
-    path = accuracy.histogram_path(cal, grids, settings.interpolation, policy, inputs, periods=a_path.size)
+    path = accuracy.histogram_path(cal, grids, settings.interpolation, policy, inputs, periods=a_path.size,
+                                   checkpoint=checkpoint)
     return accuracy.HistogramPath(path.capital[:-1], path.distribution)
 
 
@@ -581,7 +583,7 @@ def simulation_step(run: SolveRun, simulation: Simulation, state: OuterState, fr
     with run.timer.stage("histogram" if run.histogram else "panel"):
         if run.histogram:
             state.hist = simulate_histogram(run.cal, run.grids, settings, state.policy, simulation.k_nodes,
-                                            state.hist_start, simulation.a_path)
+                                            state.hist_start, simulation.a_path, checkpoint)
             state.capital_path = state.hist.capital
             return
         if simulation.engine is not None:
@@ -743,17 +745,22 @@ def den_haan_test(run: SolveRun, simulation: Simulation, state: OuterState, solu
     ``solution``. The path starts in the aggregate state that drew the panel's final employment states."""
     settings = run.settings
     run.report(0.95, "Den Haan accuracy test")
+
+    def checkpoint(t: int) -> None:
+        run.report(0.95, f"Den Haan accuracy test: period {t}/{test_periods}")
+
     with run.timer.stage("den_haan_test"):
         test_a = aggregate_path(run.cal, settings.seed, test_periods + 1, STREAM_TEST_AGGREGATE,
                                 int(simulation.a_path[-1]))
         if state.hist is not None:  # the same simulation as the solve's: the histogram, from its final distribution
             test_capital = simulate_histogram(run.cal, run.grids, settings, state.policy, simulation.k_nodes,
-                                              state.hist.distribution, test_a).capital
+                                              state.hist.distribution, test_a, checkpoint).capital
         else:  # one simulation only: the plain per-period loop (capturing would cost what it saves)
             assert state.panel is not None
             test_capital = simulate_panel(run.xp, run.cal, run.grids, settings.interpolation, state.policy,
                                           state.panel.k, state.panel.employed, test_a, settings.seed,
-                                          STREAM_TEST_IDIOSYNCRATIC, use_kernel=run.on_device).capital_path
+                                          STREAM_TEST_IDIOSYNCRATIC, checkpoint,
+                                          use_kernel=run.on_device).capital_path
         max_gap, mean_gap, implied = alm_mod.den_haan_errors(test_capital, test_a, solution.alm)
     solution.den_haan_max, solution.den_haan_mean = max_gap, mean_gap
     solution.den_haan_panel, solution.den_haan_alm, solution.den_haan_a = test_capital, implied, test_a[:-1]

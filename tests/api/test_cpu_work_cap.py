@@ -1,6 +1,7 @@
-"""The operator's CPU work cap (issue 16): where the API knows jobs run on CPU (GPUEST_DEVICE=cpu, or the
-embedded stack with no GPU), a job or sweep member whose work passes its kind's GPUEST_CPU_MAX_WORK entry is
-refused at submission with a 422 naming the field to shrink, the cap and how to raise it."""
+"""The CPU caps: where the API knows jobs run on CPU (GPUEST_DEVICE=cpu, or the embedded stack with no GPU), a
+job or sweep member whose work passes its kind's GPUEST_CPU_MAX_WORK entry (else the kind's default cap), or
+whose memory estimate passes GPUEST_CPU_MAX_JOB_BYTES, is refused at submission with a 422 naming the field to
+shrink, the estimate, the cap, the GPU alternative and how to raise it."""
 
 from __future__ import annotations
 
@@ -33,9 +34,43 @@ def test_a_job_over_its_kinds_cap_is_refused_naming_the_field_and_the_remedy(cli
     assert client.get("/v1/jobs", headers=alice).json()["total"] == 1
 
 
-def test_kinds_without_a_cap_pass(client, alice, capped) -> None:
+def test_a_kinds_default_cap_refuses_gpu_sized_defaults_and_an_operator_lifts_it(client, alice, capped,
+                                                                                   monkeypatch) -> None:
+    # no GPUEST_CPU_MAX_WORK entry for dualcontrol_solve: its default cap; the 64^3 default runs most of an
+    # hour on a CPU
+    problem = assert_problem(client.post("/v1/jobs", json={"kind": "dualcontrol_solve", "params": {}},
+                                         headers=alice), 422)
+    [error] = problem["errors"]
+    assert error["field"] == "params.grid" and error["type"] == "cpu_work_cap"
+    assert "= 8.61e+11 exceeds this server's CPU cap of 2e+11" in error["message"]
+    assert "GPU worker" in error["message"]
+    monkeypatch.setenv("GPUEST_CPU_MAX_WORK", '{"dualcontrol_solve": 0}')
+    clear_cached_settings()
     response = client.post("/v1/jobs", json={"kind": "dualcontrol_solve", "params": {}}, headers=alice)
     assert response.status_code == 202, response.text
+
+
+def test_dimensions_beyond_the_old_measure_are_capped(client, alice, capped) -> None:
+    # inside a one-sweep measure, but a million paths of 5,000 periods, or a million Euler steps on a
+    # 1,000 x 100 grid, run for hours on a CPU
+    axes = {axis: {"size": 16, "min": low, "max": high}
+            for axis, low, high in (("x", -9.0, 11.0), ("mu", -4.0, 4.0), ("sigma", 0.02, 2.0))}
+    simulation = {"grid": axes, "report_states": [[1.0, 0.5, 0.5]], "simulation": {"paths": 1_000_000,
+                                                                                 "horizon": 5000}}
+    wide = {"n_agents": 1_000, "k_grid": {"size": 1000}, "K_grid": {"size": 100}, "policy_max_iterations": 10**6}
+    for kind, params, field in (("dualcontrol_solve", simulation, "params.simulation"),
+                                ("ks_solve", wide, "params.policy_max_iterations")):
+        problem = assert_problem(client.post("/v1/jobs", json={"kind": kind, "params": params}, headers=alice), 422)
+        assert [(e["field"], e["type"]) for e in problem["errors"]] == [(field, "cpu_work_cap")], kind
+
+
+def test_a_job_beyond_the_memory_cap_is_refused_naming_the_dimension(client, alice, capped) -> None:
+    response = client.post("/v1/jobs", json={"kind": "ks_solve", "params": {"n_agents": 200_000_000}}, headers=alice)
+    [error] = assert_problem(response, 422)["errors"]
+    assert error["field"] == "params.n_agents" and error["type"] == "cpu_memory_cap"
+    assert "GiB of memory" in error["message"] and "8 GiB" in error["message"]
+    assert "GPU worker" in error["message"] and "GPUEST_CPU_MAX_JOB_BYTES" in error["message"]
+    assert client.get("/v1/jobs", headers=alice).json()["total"] == 0
 
 
 def test_a_sweep_member_over_the_cap_is_named(client, alice, capped) -> None:
@@ -49,6 +84,9 @@ def test_no_cap_where_jobs_go_to_gpu_workers(client, alice, capped, monkeypatch)
     monkeypatch.setenv("GPUEST_DEVICE", "gpu")
     clear_cached_settings()
     assert client.post("/v1/jobs", json=montecarlo_spec(replications=10_000), headers=alice).status_code == 202
+    for kind, params in (("dualcontrol_solve", {}), ("ks_solve", {"n_agents": 200_000_000})):
+        response = client.post("/v1/jobs", json={"kind": kind, "params": params}, headers=alice)
+        assert response.status_code == 202, response.text
 
 
 def test_where_the_api_knows_jobs_run_on_cpu(monkeypatch) -> None:

@@ -98,7 +98,14 @@ def test_without_auth_webhooks_may_reach_loopback_unless_the_operator_says_other
     assert settings_from_env(env).webhook_allowed_networks == ["127.0.0.0/8", "::1/128"]
     assert "GPUEST_WEBHOOK_ALLOWED_NETWORKS" not in stack_environment(tmp_path, {"GPUEST_AUTH_ENABLED": "true"})
     monkeypatch.setenv("GPUEST_WEBHOOK_ALLOWED_NETWORKS", '["10.0.0.0/8"]')
-    monkeypatch.setenv("GPUEST_WEBHOOK_HTTP_HOSTS", '["receiver.internal"]')
     settings = settings_from_env(stack_environment(tmp_path))
     assert settings.webhook_allowed_networks == ["10.0.0.0/8"]
+
+
+def test_json_valued_settings_are_read_as_the_children_read_them(tmp_path: Path) -> None:
+    # `gpuest serve` with GPUEST_CPU_MAX_WORK (a JSON object) in its environment refused to start
+    env = stack_environment(tmp_path, {"GPUEST_CPU_MAX_WORK": '{"ks_solve": 0}',
+                                       "GPUEST_WEBHOOK_HTTP_HOSTS": '["receiver.internal"]'})
+    settings = settings_from_env(env)
+    assert settings.cpu_max_work == {"ks_solve": 0.0}
     assert settings.webhook_http_hosts == ["receiver.internal"]

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -103,6 +103,7 @@ CSV_BLOCK_BYTES = 1 << 20
 ROW_GROUP_BYTES = 32 << 20
 PARQUET_BATCH_ROWS = 64 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
+HEADER_SCAN_BYTES = 64 * 1024
 
 
 class _LateTypeChange(Exception):
@@ -217,10 +218,38 @@ def _check_rows(n_rows: int) -> None:
         raise DatasetError("the file has a header but no rows")
 
 
+def header_columns(source: BinaryIO, limit: int) -> int:
+    """The columns of a CSV's header record, counted on its bytes before any parser sees them (a parser
+    allocates a builder per column of its first block), stopping as soon as they pass ``limit``.
+
+    A quoted field may hold commas and line breaks; leading empty lines are skipped as the reader skips them."""
+    columns, quoted, started = 1, False, False
+    while chunk := source.read(HEADER_SCAN_BYTES):
+        for index, part in enumerate(chunk.split(b'"')):
+            if index:
+                quoted, started = not quoted, True
+            if quoted:
+                continue
+            if not started:
+                part = part.lstrip(b"\r\n")
+                started = bool(part)
+            end = min((found for found in (part.find(b"\n"), part.find(b"\r")) if found >= 0), default=-1)
+            columns += part.count(b",", 0, end if end >= 0 else len(part))
+            if end >= 0 or columns > limit:
+                return columns
+    return columns
+
+
+def _check_header_width(path: Path, limits: UploadLimits) -> None:
+    with _decompressed(path, limits) as source:
+        limits.check_columns(header_columns(source, limits.max_columns))
+
+
 def _csv_streamed(path: Path, target: Path, limits: UploadLimits) -> StoredTable:
     """CSV -> Parquet a block at a time (memory flat whatever the size): types inferred from the first block.
 
     Raises :class:`_LateTypeChange` when a later block does not fit those types."""
+    _check_header_width(path, limits)
     with _decompressed(path, limits) as source:
         reader = pa_csv.open_csv(source, read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES))
         schema = reader.schema

@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from core.settings import get_settings
-from store.dataset_ingest import CSV_BLOCK_BYTES
+from store.dataset_ingest import CSV_BLOCK_BYTES, header_columns
 from store.db import session_scope
 from store.decoded import load_frame
 from store.models import Dataset
@@ -131,6 +131,28 @@ def test_too_many_columns_is_413_naming_the_limit(client_with, alice) -> None:
     assert_nothing_stored()
     narrow = (",".join(f"c{index}" for index in range(5)) + "\n" + ",".join("1" * 5) + "\n").encode()
     assert upload(client, alice, "narrow.csv", narrow).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("header", "columns"),
+    [(b"a,b,c\n1,2,3\n", 3), (b'"x,y",b\n1,2\n', 2), (b'"multi\nline,name",b,c\r\n1,2,3\r\n', 3),
+     (b'"quote "" inside,",b\n', 2), (b"\n\r\na,b\n1,2\n", 2), (b"only", 1), (b"a,b,c", 3)],
+)
+def test_header_columns_are_counted_on_the_bytes(header: bytes, columns: int) -> None:
+    assert header_columns(io.BytesIO(header), 1000) == columns
+
+
+def test_header_counting_stops_past_the_limit_without_reading_the_rest() -> None:
+    source = io.BytesIO(b"," * (10 * 1024 * 1024) + b"\n")
+    assert header_columns(source, 1000) > 1000
+    assert source.tell() < 1024 * 1024
+
+
+def test_a_gzipped_header_wider_than_the_limit_is_413_at_once(client, alice) -> None:
+    wide = gzip.compress(b"," * 99_999 + b"\n" + b"1" + b"," * 99_999 + b"\n")
+    problem = assert_problem(upload(client, alice, "wide.csv.gz", wide, "application/gzip"), 413)
+    assert (problem["limit"], problem["max_upload_columns"]) == ("max_upload_columns", 1000)
+    assert_nothing_stored()
 
 
 def parquet_bytes(table: pa.Table, **options: object) -> bytes:

@@ -1,0 +1,47 @@
+"""Upload bombs, scaled for CI: each file is converted in a fresh process (tests/reliability/upload_probe.py)
+that reports its peak RSS growth over the conversion and its seconds, so the bounds are on the memory the
+conversion took, not on surviving it. The full-size attacks against a real API process are
+bench/upload_bomb_rss.py's."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.reliability import figures
+
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's resettable peak RSS"),
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MIB = 1024 * 1024
+
+
+def convert_in_probe(upload: Path, source_format: str, **limits: int) -> dict[str, Any]:
+    """Convert ``upload`` in a fresh process; its outcome (stored rows and types, or the error's class,
+    setting and message), peak RSS growth in MiB and seconds."""
+    command = [sys.executable, "-m", "tests.reliability.upload_probe", str(upload), source_format, json.dumps(limits)]
+    probe = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    return json.loads(probe.stdout.strip().splitlines()[-1])
+
+
+def test_a_gzipped_header_of_100000_columns_is_refused_before_the_parser_allocates(tmp_path: Path) -> None:
+    """100,000 empty-named columns in 200 bytes of gzip: the parser's builders for them took about 1 GB
+    before the column limit was checked; counted on the bytes, it is refused at once."""
+    columns = 100_000
+    upload = tmp_path / "wide.csv.gz"
+    upload.write_bytes(gzip.compress(b"," * (columns - 1) + b"\n" + b"1" + b"," * (columns - 1) + b"\n"))
+    outcome = convert_in_probe(upload, "csv")
+    figures.record("upload_wide_header", columns=columns, bytes_sent=upload.stat().st_size, **outcome)
+    assert (outcome["error"], outcome["setting"]) == ("UploadLimitError", "max_upload_columns"), outcome
+    assert outcome["peak_growth_mib"] < 64, outcome
+    assert outcome["seconds"] < 5, outcome

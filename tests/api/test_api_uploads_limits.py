@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -254,6 +255,25 @@ def test_parse_errors_name_no_server_path(client, alice, name, content) -> None:
     for leak in (data_dir, str(get_settings().data_dir), "uploads", ".part", ".upload-"):
         assert leak not in text, problem
     assert_nothing_stored()
+
+
+# -- temporary files of a process killed mid-upload ----------------------------------------------------------
+
+
+def test_stale_temporary_files_are_removed_at_start_and_live_ones_kept(client_with) -> None:
+    data_dir = Path(get_settings().data_dir)
+    stale = [data_dir / "uploads" / ".upload-killed.part", data_dir / "datasets" / ".abc.parquet.x1.part"]
+    live = [data_dir / "uploads" / ".upload-live.part", data_dir / "datasets" / ".def.parquet.x2.part"]
+    kept = [data_dir / "datasets" / "abc.parquet", data_dir / "uploads" / "notes.part"]
+    for path in stale + live + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 1000)
+    hour_ago = time.time() - 3600
+    for path in stale + kept:
+        os.utime(path, (hour_ago, hour_ago))
+    client_with(stale_part_seconds=600)  # the app's start removes them
+    assert [path for path in stale if path.exists()] == []
+    assert all(path.exists() for path in live + kept)
 
 
 # -- memory: a bomb of the size (100M rows from a few hundred kB) is refused without the API growing

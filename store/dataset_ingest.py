@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 from sqlalchemy.orm import Session
 
-from core.settings import get_settings
+from core.settings import Settings, get_settings
 from store.artifacts import atomic_target, dataset_path
 from store.datasets import column_schema
 from store.models import Dataset, new_id
@@ -58,14 +59,29 @@ class UploadLimitError(DatasetError):
         super().__init__(f"the upload holds more than {limit} {what} (the {setting} limit)")
 
 
+class UploadMemoryError(UploadLimitError):
+    """Converting the upload would hold more than ``max_upload_memory_bytes`` at once."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        DatasetError.__init__(self, f"converting the upload would take more than {limit} bytes of memory at once "
+                                    f"({what}; the max_upload_memory_bytes limit)")
+        self.setting, self.limit = "max_upload_memory_bytes", limit
+
+
 @dataclass(frozen=True)
 class UploadLimits:
     """Bounds on one upload, checked while it is read, so a small compressed file cannot expand into a
-    table that fills the memory: its decompressed bytes, its data rows and its columns."""
+    table that fills the memory: its decompressed bytes, its data rows and its columns; and the memory its
+    conversion may hold at once (a part of it for any one page, dictionary or row)."""
 
     max_bytes: int
     max_rows: int
     max_columns: int
+    max_memory: int = 256 * 1024 * 1024
+
+    def check_memory(self, count: int, what: str) -> None:
+        if count > self.max_memory:
+            raise UploadMemoryError(self.max_memory, what)
 
     def check_columns(self, count: int) -> None:
         if count > self.max_columns:
@@ -102,6 +118,8 @@ def detect_format(filename: str, content_type: str | None) -> str:
 CSV_BLOCK_BYTES = 1 << 20
 ROW_GROUP_BYTES = 32 << 20
 PARQUET_BATCH_ROWS = 64 * 1024
+# Bytes of decoded strings converted and handed to the Parquet writer at a time.
+DECODED_SLICE_BYTES = 16 << 20
 GZIP_MAGIC = b"\x1f\x8b"
 HEADER_SCAN_BYTES = 64 * 1024
 
@@ -146,17 +164,18 @@ def _decompressed(path: Path, limits: UploadLimits) -> Iterator[_CountingReader]
 
 
 class _ParquetSink:
-    """Writes record batches to a Parquet file, a row group per ``ROW_GROUP_BYTES`` of table."""
+    """Writes record batches to a Parquet file, a row group per ``row_group_bytes`` of table."""
 
-    def __init__(self, target: Path, schema: pa.Schema) -> None:
+    def __init__(self, target: Path, schema: pa.Schema, row_group_bytes: int = ROW_GROUP_BYTES) -> None:
         self._writer = pq.ParquetWriter(target, schema)
+        self._row_group_bytes = row_group_bytes
         self._pending: list[pa.RecordBatch] = []
         self._pending_bytes = 0
 
     def write(self, batch: pa.RecordBatch) -> None:
         self._pending.append(batch)
         self._pending_bytes += batch.nbytes
-        if self._pending_bytes >= ROW_GROUP_BYTES:
+        if self._pending_bytes >= self._row_group_bytes:
             self._flush()
 
     def _flush(self) -> None:
@@ -317,23 +336,176 @@ def _csv_to_parquet(path: Path, target: Path, limits: UploadLimits) -> StoredTab
         return _csv_whole(path, target, limits, names)
 
 
+# Thrift compact protocol: the field types of a Parquet page header's first fields, and the page type of a
+# dictionary page (parquet.thrift's PageHeader and PageType).
+THRIFT_I32 = 5
+DICTIONARY_PAGE = 2
+PAGE_HEADER_PROBE_BYTES = 64
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[position]
+        value |= (byte & 0x7F) << shift
+        position, shift = position + 1, shift + 7
+        if not byte & 0x80:
+            return value, position
+
+
+def page_header_sizes(data: bytes) -> tuple[int, int]:
+    """A Parquet page header's page type and uncompressed size, read from its first bytes (Thrift compact
+    protocol: fields 1 and 2, both i32), before the page itself is read."""
+    fields: dict[int, int] = {}
+    position = field = 0
+    while len(fields) < 2:
+        header = data[position]
+        position += 1
+        if header == 0 or header & 0x0F != THRIFT_I32:
+            raise ValueError("not a page header")
+        if header >> 4:
+            field += header >> 4
+        else:  # a long-form field id: zigzag varint
+            raw, position = _varint(data, position)
+            field = (raw >> 1) ^ -(raw & 1)
+        raw, position = _varint(data, position)
+        fields[field] = (raw >> 1) ^ -(raw & 1)
+    if set(fields) != {1, 2} or fields[2] < 0:
+        raise ValueError("not a page header")
+    return fields[1], fields[2]
+
+
+def _dictionary_page_bytes(handle: BinaryIO, chunk: pq.ColumnChunkMetaData) -> int:
+    """The uncompressed size of a column chunk's dictionary page (0 without one), from its page header: the
+    footer's sizes count a dictionary once, yet every row that points at a value decodes to a copy of it."""
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    handle.seek(start)
+    try:
+        page_type, uncompressed = page_header_sizes(handle.read(PAGE_HEADER_PROBE_BYTES))
+    except (ValueError, IndexError):
+        return chunk.total_uncompressed_size  # an unreadable header: assume the whole chunk is dictionary
+    return uncompressed if page_type == DICTIONARY_PAGE else 0
+
+
+def _check_parquet_metadata(path: Path, metadata: pq.FileMetaData, limits: UploadLimits) -> None:
+    """What the footer and the page headers tell before any page is decoded: rows, decompressed bytes, and
+    the memory of the largest page and of a row group's dictionaries (held together while it is read)."""
+    limits.check_rows(metadata.num_rows)
+    limits.check_bytes(sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups)))
+    pages, dictionaries, total = [], [], 0
+    with path.open("rb") as handle:
+        for index in range(metadata.num_row_groups):
+            group = metadata.row_group(index)
+            group_dictionaries = 0
+            for column in range(group.num_columns):
+                chunk = group.column(column)
+                dictionary = _dictionary_page_bytes(handle, chunk)
+                group_dictionaries += dictionary
+                total += chunk.total_uncompressed_size
+                pages.append(max(dictionary, chunk.total_uncompressed_size - dictionary))
+            dictionaries.append(group_dictionaries)
+    limits.check_bytes(total)
+    limits.check_memory(2 * max(pages, default=0), "twice a column chunk's largest page or its dictionary once "
+                        "decompressed")
+    limits.check_memory(2 * max(dictionaries, default=0), "twice a row group's dictionaries once decompressed")
+
+
+def _is_binary_like(data_type: pa.DataType) -> bool:
+    return (pa.types.is_string(data_type) or pa.types.is_large_string(data_type) or pa.types.is_binary(data_type)
+            or pa.types.is_large_binary(data_type))
+
+
+def _decoded_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema stored: a column its writer kept dictionary-encoded is stored decoded, as any other."""
+    return pa.schema([field.with_type(field.type.value_type) if pa.types.is_dictionary(field.type) else field
+                      for field in schema], metadata=schema.metadata)
+
+
+def _dictionary_read_columns(schema: pa.Schema) -> list[str]:
+    # Strings and bytes are read dictionary-encoded, as stored: their decoded size is known from the
+    # dictionary's value lengths before any row is decoded into a copy of its value.
+    return [field.name for field in schema if _is_binary_like(field.type) or pa.types.is_dictionary(field.type)]
+
+
+def _decoded_row_bytes(batch: pa.RecordBatch, columns: Sequence[str]) -> np.ndarray:
+    """Each row's bytes once the dictionary-encoded ``columns`` are decoded (values, offsets), the other
+    columns' buffers shared out per row."""
+    rows = np.zeros(batch.num_rows, dtype=np.int64)
+    encoded = 0
+    for name in columns:
+        column = batch.column(name)
+        rows += 8  # an offset, and room for the validity bit
+        if not _is_binary_like(column.dictionary.type):
+            rows += max(column.dictionary.type.bit_width // 8, 1)
+        elif len(column.dictionary):
+            lengths = pc.binary_length(column.dictionary).to_numpy(zero_copy_only=False).astype(np.int64)
+            values = lengths[pc.fill_null(column.indices, 0).to_numpy(zero_copy_only=False)]
+            if column.null_count:
+                values = np.where(column.is_valid().to_numpy(zero_copy_only=False), values, 0)
+            rows += values
+        encoded += column.nbytes
+    if batch.num_rows:
+        rows += (batch.nbytes - encoded) // batch.num_rows + 1
+    return rows
+
+
+def _checked_decoded_bytes(batch: pa.RecordBatch, columns: Sequence[str], limits: UploadLimits,
+                           counted: int) -> tuple[np.ndarray, int]:
+    """Each row's decoded bytes and the total with the ``counted`` before this batch, checked against the
+    limits before anything is decoded."""
+    row_bytes = _decoded_row_bytes(batch, columns)
+    total = counted + int(row_bytes.sum())
+    limits.check_bytes(total)
+    if len(row_bytes):
+        limits.check_memory(4 * int(row_bytes.max()), "four times one row's bytes once decoded")
+    return row_bytes, total
+
+
+def _decoded_slices(batch: pa.RecordBatch, columns: Sequence[str], row_bytes: np.ndarray,
+                    slice_bytes: int) -> Iterator[pa.RecordBatch]:
+    """The batch a slice of at most ``slice_bytes`` decoded bytes (or one row) at a time, its
+    dictionary-encoded ``columns`` decoded: one slice decoded at a time."""
+    ends = np.cumsum(row_bytes)
+    start = 0
+    while start < batch.num_rows:
+        base = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, base + slice_bytes, side="right")))
+        part = batch.slice(start, stop - start)
+        yield pa.RecordBatch.from_arrays(
+            [part.column(name).dictionary_decode() if name in columns else part.column(name)
+             for name in part.schema.names], names=part.schema.names)
+        start = stop
+
+
+def _parquet_batch_rows(schema: pa.Schema, metadata: pq.FileMetaData, limits: UploadLimits) -> int:
+    """Rows per read batch: its columns as read (strings as dictionary indices) within a part of the memory."""
+    rows = max(metadata.num_rows, 1)
+    width = sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups)) // rows
+    width += 8 * len(schema)
+    return max(1, min(PARQUET_BATCH_ROWS, limits.max_memory // (8 * max(width, 1))))
+
+
 def _parquet_to_parquet(path: Path, target: Path, limits: UploadLimits) -> StoredTable:
-    """Parquet -> Parquet a batch at a time. The footer's row count and uncompressed size are checked
-    before any data is read, and the batches are counted too (a footer can understate them)."""
-    with pq.ParquetFile(pa.OSFile(str(path))) as parquet:
-        schema = parquet.schema_arrow
-        _check_schema(schema, limits)
+    """Parquet -> Parquet a batch at a time. The footer's row count and sizes and the pages' headers are
+    checked before any page is decoded; strings are read dictionary-encoded and each batch's decoded size
+    is checked before it is decoded, a slice at a time (a footer can understate them)."""
+    stored = pq.read_schema(pa.OSFile(str(path)))
+    _check_schema(stored, limits)
+    columns = _dictionary_read_columns(stored)
+    schema = _decoded_schema(stored)
+    with pq.ParquetFile(pa.OSFile(str(path)), read_dictionary=columns) as parquet:
         metadata = parquet.metadata
-        limits.check_rows(metadata.num_rows)
-        limits.check_bytes(sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups)))
-        sink = _ParquetSink(target, schema)
+        _check_parquet_metadata(path, metadata, limits)
+        sink = _ParquetSink(target, schema, min(ROW_GROUP_BYTES, limits.max_memory // 16))
+        slice_bytes = min(DECODED_SLICE_BYTES, limits.max_memory // 32)
         n_rows = n_bytes = 0
         try:
-            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
-                n_rows, n_bytes = n_rows + batch.num_rows, n_bytes + batch.nbytes
+            for batch in parquet.iter_batches(batch_size=_parquet_batch_rows(schema, metadata, limits)):
+                n_rows += batch.num_rows
                 limits.check_rows(n_rows)
-                limits.check_bytes(n_bytes)
-                sink.write(batch)
+                row_bytes, n_bytes = _checked_decoded_bytes(batch, columns, limits, n_bytes)
+                for part in _decoded_slices(batch, columns, row_bytes, slice_bytes):
+                    sink.write(part)
         finally:
             sink.close()
     _check_rows(n_rows)
@@ -360,9 +532,13 @@ def convert_upload(upload: Path, source_format: str, target: Path, limits: Uploa
         raise DatasetError(f"could not parse the {source_format} file: {message}") from exc
 
 
+def upload_limits(settings: Settings) -> UploadLimits:
+    return UploadLimits(settings.max_upload_bytes, settings.max_upload_rows, settings.max_upload_columns,
+                        settings.max_upload_memory_bytes)
+
+
 def default_limits() -> UploadLimits:
-    settings = get_settings()
-    return UploadLimits(settings.max_upload_bytes, settings.max_upload_rows, settings.max_upload_columns)
+    return upload_limits(get_settings())
 
 
 def ingest(

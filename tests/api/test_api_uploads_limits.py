@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from core.settings import get_settings
-from store.dataset_ingest import CSV_BLOCK_BYTES, header_columns
+from store.dataset_ingest import CSV_BLOCK_BYTES, header_columns, page_header_sizes
 from store.db import session_scope
 from store.decoded import load_frame
 from store.models import Dataset
@@ -179,6 +179,66 @@ def test_parquet_bytes_are_counted_decompressed(client, alice) -> None:
     problem = assert_problem(upload(client, alice, "wide.parquet", content, "application/octet-stream"), 413)
     assert problem["limit"] == "max_upload_bytes"
     assert_nothing_stored()
+
+
+def dictionary_bomb(rows: int, value_bytes: int, *, store_schema: bool = False) -> bytes:
+    """One string of ``value_bytes`` in every row, stored once in a dictionary page: a few hundred bytes
+    as sent whatever the rows (the footer's sizes count the dictionary once)."""
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["z" * value_bytes]))
+    return parquet_bytes(pa.table({"s": column}), compression="zstd", store_schema=store_schema,
+                         dictionary_pagesize_limit=2 * value_bytes)
+
+
+def test_page_header_sizes_read_the_dictionary_page_of_a_pyarrow_file() -> None:
+    content = dictionary_bomb(10, 5000)
+    chunk = pq.ParquetFile(io.BytesIO(content)).metadata.row_group(0).column(0)
+    assert chunk.has_dictionary_page
+    page_type, uncompressed = page_header_sizes(content[chunk.dictionary_page_offset:][:64])
+    assert (page_type, uncompressed) == (2, 5000 + 4)  # a dictionary page: the value and its length
+    page_type, _ = page_header_sizes(content[chunk.data_page_offset:][:64])
+    assert page_type != 2
+
+
+@pytest.mark.parametrize("store_schema", [False, True])
+def test_a_parquet_dictionary_bomb_is_413_at_the_byte_limit(client, alice, store_schema) -> None:
+    rows = 4 * MAX_UPLOAD_BYTES // (64 * 1024)  # 4x the byte limit once decoded
+    content = dictionary_bomb(rows, 64 * 1024, store_schema=store_schema)
+    assert len(content) < 1000
+    problem = assert_problem(upload(client, alice, "bomb.parquet", content, "application/octet-stream"), 413)
+    assert problem["limit"] == "max_upload_bytes"
+    assert_nothing_stored()
+
+
+def test_a_dictionary_page_past_the_memory_limit_is_413_naming_it(client_with, alice) -> None:
+    client = client_with(max_upload_bytes=8 * 1024 * 1024, max_upload_memory_bytes=2 * 1024 * 1024)
+    content = dictionary_bomb(1, 3 * 1024 * 1024 // 2)  # one value: the dictionary takes 1.5 MiB
+    problem = assert_problem(upload(client, alice, "wide.parquet", content, "application/octet-stream"), 413)
+    assert (problem["limit"], problem["max_upload_memory_bytes"]) == ("max_upload_memory_bytes", 2 * 1024 * 1024)
+    assert "memory" in problem["detail"]
+    assert_nothing_stored()
+
+
+@pytest.mark.parametrize("store_schema", [False, True])
+def test_a_dictionary_encoded_parquet_within_the_limits_is_stored_decoded(client, alice, store_schema) -> None:
+    content = dictionary_bomb(50, 1000, store_schema=store_schema)
+    response = upload(client, alice, "dict.parquet", content, "application/octet-stream")
+    assert response.status_code == 201, response.text
+    assert response.json()["columns"] == [{"name": "s", "dtype": "string"}]
+    with session_scope() as session:
+        path = session.get(Dataset, response.json()["id"]).path
+    stored = pq.read_table(path)
+    assert stored.schema.field("s").type == pa.string()
+    assert stored.column("s").to_pylist() == ["z" * 1000] * 50
+
+
+def test_parquet_strings_with_nulls_and_other_columns_are_stored_as_sent(client, alice) -> None:
+    table = pa.table({"s": ["a", None, "ccc", "a", None], "n": [1, 2, 3, 4, 5], "b": [b"x", b"yy", None, b"", b"z"],
+                      "f": [0.5, None, 1.5, 2.5, 3.5]})
+    response = upload(client, alice, "mixed.parquet", parquet_bytes(table), "application/octet-stream")
+    assert response.status_code == 201, response.text
+    with session_scope() as session:
+        path = session.get(Dataset, response.json()["id"]).path
+    assert pq.read_table(path).equals(table)
 
 
 # -- streamed, yet the same tables as a whole-file read ----------------------------------------------------

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.reliability import figures
@@ -45,3 +47,33 @@ def test_a_gzipped_header_of_100000_columns_is_refused_before_the_parser_allocat
     assert (outcome["error"], outcome["setting"]) == ("UploadLimitError", "max_upload_columns"), outcome
     assert outcome["peak_growth_mib"] < 64, outcome
     assert outcome["seconds"] < 5, outcome
+
+
+def dictionary_bomb(path: Path, rows: int, value_bytes: int) -> Path:
+    """The issue's file: one string in a dictionary page, every row pointing at it (293 bytes as sent)."""
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["z" * value_bytes]))
+    pq.write_table(
+        pa.table({"s": column}), path, store_schema=False, compression="zstd", dictionary_pagesize_limit=2 * value_bytes
+    )
+    return path
+
+
+def test_a_parquet_dictionary_bomb_is_refused_before_a_row_is_decoded(tmp_path: Path) -> None:
+    """1,500 rows of one 1 MiB string (1.5 GB once decoded, under the footer's 1 MiB): the reader decoded
+    a batch of every row (2.8 GB) before the byte limit was checked."""
+    upload = dictionary_bomb(tmp_path / "bomb.parquet", 1500, MIB)
+    outcome = convert_in_probe(upload, "parquet")
+    figures.record("upload_parquet_dictionary_bomb", rows=1500, bytes_sent=upload.stat().st_size, **outcome)
+    assert (outcome["error"], outcome["setting"]) == ("UploadLimitError", "max_upload_bytes"), outcome
+    assert outcome["peak_growth_mib"] < 64, outcome
+    assert outcome["seconds"] < 5, outcome
+
+
+def test_a_parquet_dictionary_file_within_the_byte_limit_is_decoded_within_the_memory_limit(tmp_path: Path) -> None:
+    """400 rows of one 1 MiB string: within the byte limit, so stored, yet decoded a slice at a time."""
+    upload = dictionary_bomb(tmp_path / "bomb.parquet", 400, MIB)
+    outcome = convert_in_probe(upload, "parquet", max_memory=64 * MIB)
+    figures.record("upload_parquet_dictionary_400_rows", max_memory_mib=64, **outcome)
+    assert (outcome.get("rows"), outcome.get("types")) == (400, ["string"]), outcome
+    assert outcome["peak_growth_mib"] < 64, outcome
+    assert outcome["seconds"] < 30, outcome

@@ -127,6 +127,10 @@ HEADER_SCAN_BYTES = 64 * 1024
 class _LateTypeChange(Exception):
     """A CSV column's values after the first block do not fit the type inferred from that block."""
 
+    def __init__(self, first_block: pa.Schema, message: str) -> None:
+        super().__init__(message)
+        self.first_block, self.message = first_block, message
+
 
 class _CountingReader(io.RawIOBase):
     """The upload's bytes (decompressed when gzip), refusing to read past the byte limit."""
@@ -264,17 +268,21 @@ def _check_header_width(path: Path, limits: UploadLimits) -> None:
         limits.check_columns(header_columns(source, limits.max_columns))
 
 
-def _csv_streamed(path: Path, target: Path, limits: UploadLimits) -> StoredTable:
-    """CSV -> Parquet a block at a time (memory flat whatever the size): types inferred from the first block.
+def _csv_streamed(path: Path, target: Path, limits: UploadLimits,
+                  column_types: dict[str, pa.DataType] | None = None) -> StoredTable:
+    """CSV -> Parquet a block at a time (memory flat whatever the size): types inferred from the first block,
+    or ``column_types``.
 
     Raises :class:`_LateTypeChange` when a later block does not fit those types."""
     _check_header_width(path, limits)
+    convert = pa_csv.ConvertOptions(column_types=column_types or {})
     with _decompressed(path, limits) as source:
-        reader = pa_csv.open_csv(source, read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES))
+        reader = pa_csv.open_csv(source, read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+                                 convert_options=convert)
         schema = reader.schema
         _check_schema(schema, limits)
         checks = _text_checks(schema)
-        sink = _ParquetSink(target, schema)
+        sink = _ParquetSink(target, schema, min(ROW_GROUP_BYTES, limits.max_memory // 8))
         n_rows = 0
         try:
             while True:
@@ -284,7 +292,7 @@ def _csv_streamed(path: Path, target: Path, limits: UploadLimits) -> StoredTable
                     break
                 except pa.ArrowInvalid as exc:
                     if n_rows > 0 and "conversion error" in str(exc):
-                        raise _LateTypeChange(str(exc)) from exc
+                        raise _LateTypeChange(schema, str(exc)) from exc
                     raise
                 n_rows += batch.num_rows
                 limits.check_rows(n_rows)
@@ -299,41 +307,99 @@ def _csv_streamed(path: Path, target: Path, limits: UploadLimits) -> StoredTable
     return StoredTable(schema, n_rows)
 
 
-def _csv_whole(path: Path, target: Path, limits: UploadLimits, names: Sequence[str]) -> StoredTable:
-    """CSV -> Parquet for a file whose column types change after the first block: pyarrow's whole-file
-    reader promotes such a column (integers, then a decimal -> double). A streamed pass reading every column
-    as text checks the limits first, so the whole table held here is bounded by them."""
-    as_text = pa_csv.ConvertOptions(column_types={name: pa.string() for name in names})
+# The kinds pyarrow's CSV type inference tries, in its order: a column gets the first that converts all of its
+# values (Arrow's csv/inference_internal.h).
+INFERENCE_ORDER = ("null", "int64", "bool", "date32", "time32", "timestamp_s", "timestamp_ns", "float64", "string",
+                   "binary")
+_DEFAULT_CONVERT = pa_csv.ConvertOptions()
+NULL_TOKENS = pa.array(_DEFAULT_CONVERT.null_values, pa.string())
+BOOL_TOKENS = pa.array(_DEFAULT_CONVERT.true_values + _DEFAULT_CONVERT.false_values, pa.string())
+TIME_PATTERN = r"^\s*\d{1,2}:\d{2}(:\d{2})?\s*$"
+
+
+def _inference_kind(data_type: pa.DataType) -> str:
+    if pa.types.is_timestamp(data_type):
+        return "timestamp_s" if data_type.unit == "s" else "timestamp_ns"
+    kinds = {pa.null(): "null", pa.int64(): "int64", pa.bool_(): "bool", pa.date32(): "date32",
+             pa.time32("s"): "time32", pa.float64(): "float64", pa.binary(): "binary"}
+    return kinds.get(data_type, "string")
+
+
+def _kind_type(kind: str, timezone: str | None) -> pa.DataType:
+    types = {"null": pa.null(), "int64": pa.int64(), "bool": pa.bool_(), "date32": pa.date32(),
+             "time32": pa.time32("s"), "timestamp_s": pa.timestamp("s", timezone),
+             "timestamp_ns": pa.timestamp("ns", timezone), "float64": pa.float64(), "string": pa.string(),
+             "binary": pa.binary()}
+    return types[kind]
+
+
+def _converts(kind: str, values: pa.Array, timezone: str | None) -> bool:
+    """Whether CSV text ``values`` (null tokens left out) all read as ``kind``, as pyarrow's converter would
+    read them (numbers with surrounding blanks)."""
+    if kind == "null":
+        return len(values) == 0
+    if kind == "bool":
+        return bool(pc.all(pc.is_in(values, BOOL_TOKENS)).as_py() is not False)
+    if kind == "time32":
+        return bool(pc.all(pc.match_substring_regex(values, TIME_PATTERN)).as_py() is not False)
+    if kind in ("string", "binary"):
+        return True
+    text = pc.utf8_trim_whitespace(values) if kind in ("int64", "float64") else values
+    try:
+        pc.cast(text, _kind_type(kind, timezone))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return True
+
+
+class _ColumnKinds:
+    """The kinds still open to one CSV column, narrowed block by block: its type is the first left."""
+
+    def __init__(self, first_block_type: pa.DataType) -> None:
+        self.timezone = getattr(first_block_type, "tz", None)
+        self.kinds = list(INFERENCE_ORDER[INFERENCE_ORDER.index(_inference_kind(first_block_type)):])
+
+    def add(self, column: pa.Array) -> None:
+        try:
+            text = pc.cast(column, pa.string())
+        except pa.ArrowInvalid:  # not UTF-8: bytes only
+            self.kinds = ["binary"]
+            return
+        present = pc.filter(text, pc.invert(pc.is_in(text, NULL_TOKENS)))
+        self.kinds = [kind for kind in self.kinds if _converts(kind, present, self.timezone)]
+
+    def type(self) -> pa.DataType:
+        return _kind_type(self.kinds[0], self.timezone)
+
+
+def _csv_column_types(path: Path, limits: UploadLimits, first_block: pa.Schema) -> dict[str, pa.DataType]:
+    """Every column's type as pyarrow's whole-file reader would infer it, found in a streamed pass that
+    reads each column as bytes and narrows its kinds block by block (memory flat)."""
+    columns = {field.name: _ColumnKinds(field.type) for field in first_block}
+    as_bytes = pa_csv.ConvertOptions(column_types={name: pa.binary() for name in columns})
     n_rows = 0
     with _decompressed(path, limits) as source:
         for batch in pa_csv.open_csv(source, read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
-                                     convert_options=as_text):
+                                     convert_options=as_bytes):
             n_rows += batch.num_rows
             limits.check_rows(n_rows)
-    with _decompressed(path, limits) as source:
-        table = pa_csv.read_csv(source)
-    _check_schema(table.schema, limits)
-    _check_rows(table.num_rows)
-    checks = _text_checks(table.schema)
-    for check in checks:
-        check.add(table.column(check.name))
-        check.verify()
-    sink = _ParquetSink(target, table.schema)
-    try:
-        for batch in table.to_batches(max_chunksize=PARQUET_BATCH_ROWS):
-            sink.write(batch)
-    finally:
-        sink.close()
-    return StoredTable(table.schema, table.num_rows)
+            for name, kinds in columns.items():
+                if kinds.kinds[0] != "binary":
+                    kinds.add(batch.column(name))
+    return {name: kinds.type() for name, kinds in columns.items()}
 
 
 def _csv_to_parquet(path: Path, target: Path, limits: UploadLimits) -> StoredTable:
+    """Streamed with the first block's types; a file whose types change later is streamed again with the
+    types a whole-file read would have given (integers, then a decimal: double), never held whole."""
     try:
         return _csv_streamed(path, target, limits)
-    except _LateTypeChange:
-        with _decompressed(path, limits) as source:
-            names = pa_csv.open_csv(source, read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES)).schema.names
-        return _csv_whole(path, target, limits, names)
+    except _LateTypeChange as change:
+        column_types = _csv_column_types(path, limits, change.first_block)
+    try:
+        return _csv_streamed(path, target, limits, column_types)
+    except _LateTypeChange as change:
+        raise DatasetError(f"could not parse the csv file: {change.message}") from change
 
 
 # Thrift compact protocol: the field types of a Parquet page header's first fields, and the page type of a

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 from api_helpers import MAX_UPLOAD_BYTES, assert_problem
@@ -24,7 +25,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from core.settings import get_settings
-from store.dataset_ingest import CSV_BLOCK_BYTES, header_columns, page_header_sizes
+from store.dataset_ingest import (
+    CSV_BLOCK_BYTES,
+    UploadLimits,
+    convert_upload,
+    header_columns,
+    page_header_sizes,
+)
 from store.db import session_scope
 from store.decoded import load_frame
 from store.models import Dataset
@@ -255,6 +262,25 @@ def test_a_column_whose_type_changes_after_the_first_block_is_promoted(client_wi
     with session_scope() as session:
         frame = load_frame(session.get(Dataset, response.json()["id"]))
     assert frame["x"].iloc[-1] == 1.5 and frame["x"].iloc[:-1].eq(1.0).all()
+
+
+@pytest.mark.parametrize(
+    ("first", "late"),
+    [(b"7", b"1.5"), (b"", b"3"), (b"0", b"true"), (b"1", b"False\nNA"),
+     (b"2020-01-01", b"2020-01-01 10:00:00"), (b"2020-01-01T10:00:00", b"2020-01-01T10:00:00.5"),
+     (b"12:00:00", b"2020-01-01"), (b"7", b"NA\n1e5"), (b"a", b"\xff\xfe"), (b"", b"2020-01-01")],
+)
+def test_a_late_type_change_gives_the_whole_file_readers_table(tmp_path: Path, first: bytes, late: bytes) -> None:
+    """Streamed twice, never held whole, yet the table pyarrow's whole-file reader infers."""
+    rows = CSV_BLOCK_BYTES // 8 + 1000  # past the first block
+    content = b"n,x,y\n" + b"".join(b"%d,%s,%d\n" % (index, first, index % 3) for index in range(rows))
+    content += b"".join(b"%d,%s,2.5\n" % (rows, value) for value in late.split(b"\n"))
+    upload, target = tmp_path / "late.csv", tmp_path / "late.parquet"
+    upload.write_bytes(content)
+    expected = pa_csv.read_csv(io.BytesIO(content))
+    stored = convert_upload(upload, "csv", target, UploadLimits(1 << 30, 1 << 30, 10))
+    assert stored.schema == expected.schema and stored.n_rows == expected.num_rows
+    assert pq.read_table(target).equals(pq.read_table(io.BytesIO(parquet_bytes(expected))))
 
 
 def test_a_stray_value_after_the_first_block_is_found(client_with, alice) -> None:

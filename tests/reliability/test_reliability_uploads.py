@@ -9,6 +9,7 @@ import gzip
 import json
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,7 @@ def test_a_parquet_dictionary_bomb_is_refused_before_a_row_is_decoded(tmp_path: 
     a batch of every row (2.8 GB) before the byte limit was checked."""
     upload = dictionary_bomb(tmp_path / "bomb.parquet", 1500, MIB)
     outcome = convert_in_probe(upload, "parquet")
-    figures.record("upload_parquet_dictionary_bomb", rows=1500, bytes_sent=upload.stat().st_size, **outcome)
+    figures.record("upload_parquet_dictionary_bomb", rows_sent=1500, bytes_sent=upload.stat().st_size, **outcome)
     assert (outcome["error"], outcome["setting"]) == ("UploadLimitError", "max_upload_bytes"), outcome
     assert outcome["peak_growth_mib"] < 64, outcome
     assert outcome["seconds"] < 5, outcome
@@ -77,3 +78,20 @@ def test_a_parquet_dictionary_file_within_the_byte_limit_is_decoded_within_the_m
     assert (outcome.get("rows"), outcome.get("types")) == (400, ["string"]), outcome
     assert outcome["peak_growth_mib"] < 64, outcome
     assert outcome["seconds"] < 30, outcome
+
+
+def test_a_csv_whose_type_changes_in_its_last_row_is_streamed(tmp_path: Path) -> None:
+    """10^7 rows of integer zeros and a 0.5 in the last (80 MB of text, 80 kB gzipped): the whole-file
+    read that gives the column its type (double) held the table; streamed twice, memory stays flat."""
+    rows = 10_000_000
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # wbits 31: the gzip container
+    parts = [compressor.compress(b"x,n\n")]
+    parts += [compressor.compress(b"0,1\n" * 1_000_000) for _ in range(rows // 1_000_000)]
+    parts += [compressor.compress(b"0.5,2\n"), compressor.flush()]
+    upload = tmp_path / "late.csv.gz"
+    upload.write_bytes(b"".join(parts))
+    outcome = convert_in_probe(upload, "csv")
+    figures.record("upload_csv_late_type_change", bytes_sent=upload.stat().st_size, **outcome)
+    assert (outcome.get("rows"), outcome.get("types")) == (rows + 1, ["double", "int64"]), outcome
+    assert outcome["peak_growth_mib"] < 160, outcome  # the table alone is 160 MB
+    assert outcome["seconds"] < 60, outcome

@@ -596,6 +596,8 @@ def convert_upload(upload: Path, source_format: str, target: Path, limits: Uploa
         for server_path in (str(upload), str(target), upload.name, target.name):  # no server paths to the user
             message = message.replace(server_path, "<upload>")
         raise DatasetError(f"could not parse the {source_format} file: {message}") from exc
+    finally:
+        pa.default_memory_pool().release_unused()  # the allocator keeps freed blocks for reuse otherwise
 
 
 def upload_limits(settings: Settings) -> UploadLimits:

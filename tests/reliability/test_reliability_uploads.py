@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -95,3 +99,73 @@ def test_a_csv_whose_type_changes_in_its_last_row_is_streamed(tmp_path: Path) ->
     assert (outcome.get("rows"), outcome.get("types")) == (rows + 1, ["double", "int64"]), outcome
     assert outcome["peak_growth_mib"] < 160, outcome  # the table alone is 160 MB
     assert outcome["seconds"] < 60, outcome
+
+
+def start_api(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "api.app:app", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.1)
+    server.kill()
+    raise AssertionError("the API did not start")
+
+
+def test_temporary_files_of_an_api_killed_mid_upload_are_removed_at_its_next_start(tmp_path: Path) -> None:
+    """SIGKILL while an upload streams in leaves its .part file; the next start removes it once stale."""
+    env = {
+        **os.environ,
+        "GPUEST_DATA_DIR": str(tmp_path / "data"),
+        "GPUEST_AUTH_ENABLED": "false",
+        "GPUEST_STALE_PART_SECONDS": "1",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    for name in ("DATABASE_URL", "GPUEST_DATABASE_URL", "REDIS_URL", "BROKER_URL", "GPUEST_BROKER_URL"):
+        env.pop(name, None)
+    subprocess.run(
+        [sys.executable, "-c", "from store.migrate import upgrade_to_head; upgrade_to_head()"],
+        cwd=REPO_ROOT,
+        env=env,
+        check=True,
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    uploads = tmp_path / "data" / "uploads"
+    server = start_api(env, port)
+    try:
+        head = (
+            b'--b\r\nContent-Disposition: form-data; name="file"; filename="big.csv"\r\n'
+            b"Content-Type: text/csv\r\n\r\nx\n" + b"1\n" * 512 * 1024
+        )
+        with socket.create_connection(("127.0.0.1", port)) as connection:
+            connection.sendall(
+                b"POST /v1/datasets HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data; "
+                b"boundary=b\r\nContent-Length: %d\r\n\r\n" % (len(head) * 4) + head
+            )
+            deadline = time.monotonic() + 30
+            while not [path for path in uploads.glob(".upload-*.part") if path.stat().st_size > 0]:
+                assert time.monotonic() < deadline, "no upload file appeared"
+                time.sleep(0.05)
+            server.kill()
+            server.wait(10)
+    finally:
+        server.kill()
+    left = list(uploads.glob(".*.part"))
+    assert left, "the killed process left no temporary file"
+    time.sleep(1.5)
+    server = start_api(env, port)
+    try:
+        assert list(uploads.glob(".*.part")) == []
+    finally:
+        server.terminate()
+        server.wait(30)

@@ -458,19 +458,26 @@ def _check_parquet_metadata(path: Path, metadata: pq.FileMetaData, limits: Uploa
     the memory of the largest page and of a row group's dictionaries (held together while it is read)."""
     limits.check_rows(metadata.num_rows)
     limits.check_bytes(sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups)))
-    pages, dictionaries, total = [], [], 0
+    pages, dictionaries, nested, total = [], [], [], 0
     with path.open("rb") as handle:
         for index in range(metadata.num_row_groups):
             group = metadata.row_group(index)
-            group_dictionaries = 0
+            group_dictionaries = group_nested = 0
             for column in range(group.num_columns):
                 chunk = group.column(column)
                 dictionary = _dictionary_page_bytes(handle, chunk)
                 group_dictionaries += dictionary
                 total += chunk.total_uncompressed_size
                 pages.append(max(dictionary, chunk.total_uncompressed_size - dictionary))
+                if "." in chunk.path_in_schema and dictionary:
+                    # Strings inside a list or struct are decoded as they are read: each value at most the
+                    # whole dictionary.
+                    group_nested += dictionary * chunk.num_values
             dictionaries.append(group_dictionaries)
-    limits.check_bytes(total)
+            nested.append(group_nested)
+    limits.check_bytes(total + sum(nested))
+    limits.check_memory(4 * max(nested, default=0), "four times a row group's strings in lists or structs at "
+                        "most, once decoded")
     limits.check_memory(2 * max(pages, default=0), "twice a column chunk's largest page or its dictionary once "
                         "decompressed")
     limits.check_memory(2 * max(dictionaries, default=0), "twice a row group's dictionaries once decompressed")
@@ -527,10 +534,10 @@ def _checked_decoded_bytes(batch: pa.RecordBatch, columns: Sequence[str], limits
     return row_bytes, total
 
 
-def _decoded_slices(batch: pa.RecordBatch, columns: Sequence[str], row_bytes: np.ndarray,
-                    slice_bytes: int) -> Iterator[pa.RecordBatch]:
+def _decoded_slices(batch: pa.RecordBatch, columns: Sequence[str], row_bytes: np.ndarray, slice_bytes: int,
+                    schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The batch a slice of at most ``slice_bytes`` decoded bytes (or one row) at a time, its
-    dictionary-encoded ``columns`` decoded: one slice decoded at a time."""
+    dictionary-encoded ``columns`` decoded to ``schema``'s types: one slice decoded at a time."""
     ends = np.cumsum(row_bytes)
     start = 0
     while start < batch.num_rows:
@@ -538,8 +545,8 @@ def _decoded_slices(batch: pa.RecordBatch, columns: Sequence[str], row_bytes: np
         stop = max(start + 1, int(np.searchsorted(ends, base + slice_bytes, side="right")))
         part = batch.slice(start, stop - start)
         yield pa.RecordBatch.from_arrays(
-            [part.column(name).dictionary_decode() if name in columns else part.column(name)
-             for name in part.schema.names], names=part.schema.names)
+            [part.column(name).dictionary_decode().cast(schema.field(name).type) if name in columns
+             else part.column(name) for name in part.schema.names], schema=schema)
         start = stop
 
 
@@ -570,7 +577,7 @@ def _parquet_to_parquet(path: Path, target: Path, limits: UploadLimits) -> Store
                 n_rows += batch.num_rows
                 limits.check_rows(n_rows)
                 row_bytes, n_bytes = _checked_decoded_bytes(batch, columns, limits, n_bytes)
-                for part in _decoded_slices(batch, columns, row_bytes, slice_bytes):
+                for part in _decoded_slices(batch, columns, row_bytes, slice_bytes, schema):
                     sink.write(part)
         finally:
             sink.close()

@@ -240,7 +240,7 @@ def test_a_dictionary_encoded_parquet_within_the_limits_is_stored_decoded(client
 
 def test_parquet_strings_with_nulls_and_other_columns_are_stored_as_sent(client, alice) -> None:
     table = pa.table({"s": ["a", None, "ccc", "a", None], "n": [1, 2, 3, 4, 5], "b": [b"x", b"yy", None, b"", b"z"],
-                      "f": [0.5, None, 1.5, 2.5, 3.5]})
+                      "f": [0.5, None, 1.5, 2.5, 3.5], "l": pa.array(["x", "y", None, "x", "z"], pa.large_string())})
     response = upload(client, alice, "mixed.parquet", parquet_bytes(table), "application/octet-stream")
     assert response.status_code == 201, response.text
     with session_scope() as session:

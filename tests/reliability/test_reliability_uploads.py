@@ -169,3 +169,17 @@ def test_temporary_files_of_an_api_killed_mid_upload_are_removed_at_its_next_sta
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_a_dictionary_bomb_inside_a_list_column_is_refused_before_it_is_decoded(tmp_path: Path) -> None:
+    """Two rows of 300 list elements each pointing at one 1 MiB dictionary value (600 MB once decoded)."""
+    leaf = pa.DictionaryArray.from_arrays(pa.array([0] * 600, pa.int32()), pa.array(["z" * MIB]))
+    column = pa.ListArray.from_arrays(pa.array([0, 300, 600], pa.int32()), leaf)
+    upload = tmp_path / "nested.parquet"
+    pq.write_table(
+        pa.table({"l": column}), upload, store_schema=False, compression="zstd", dictionary_pagesize_limit=2 * MIB
+    )
+    outcome = convert_in_probe(upload, "parquet")
+    figures.record("upload_parquet_nested_dictionary_bomb", bytes_sent=upload.stat().st_size, **outcome)
+    assert (outcome["error"], outcome["setting"]) == ("UploadLimitError", "max_upload_bytes"), outcome
+    assert outcome["peak_growth_mib"] < 64, outcome

@@ -550,12 +550,22 @@ def _decoded_slices(batch: pa.RecordBatch, columns: Sequence[str], row_bytes: np
         start = stop
 
 
+def _fixed_row_bytes(schema: pa.Schema) -> int:
+    """A row's bytes in the columns of fixed width once decoded (a dictionary-encoded one decodes to them)."""
+    total = 0
+    for field in schema:
+        data_type = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+        if pa.types.is_primitive(data_type) and not pa.types.is_boolean(data_type):
+            total += data_type.bit_width // 8
+    return total
+
+
 def _parquet_batch_rows(schema: pa.Schema, metadata: pq.FileMetaData, limits: UploadLimits) -> int:
     """Rows per read batch: its columns as read (strings as dictionary indices) within a part of the memory."""
     rows = max(metadata.num_rows, 1)
-    width = sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups)) // rows
-    width += 8 * len(schema)
-    return max(1, min(PARQUET_BATCH_ROWS, limits.max_memory // (8 * max(width, 1))))
+    stored = sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups)) // rows
+    width = max(stored, _fixed_row_bytes(schema)) + 8 * len(schema)
+    return max(1, min(PARQUET_BATCH_ROWS, limits.max_memory // (8 * width)))
 
 
 def _parquet_to_parquet(path: Path, target: Path, limits: UploadLimits) -> StoredTable:
@@ -569,6 +579,7 @@ def _parquet_to_parquet(path: Path, target: Path, limits: UploadLimits) -> Store
     with pq.ParquetFile(pa.OSFile(str(path)), read_dictionary=columns) as parquet:
         metadata = parquet.metadata
         _check_parquet_metadata(path, metadata, limits)
+        limits.check_bytes(metadata.num_rows * _fixed_row_bytes(schema))
         sink = _ParquetSink(target, schema, min(ROW_GROUP_BYTES, limits.max_memory // 16))
         slice_bytes = min(DECODED_SLICE_BYTES, limits.max_memory // 32)
         n_rows = n_bytes = 0

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -181,5 +182,21 @@ def test_a_dictionary_bomb_inside_a_list_column_is_refused_before_it_is_decoded(
     )
     outcome = convert_in_probe(upload, "parquet")
     figures.record("upload_parquet_nested_dictionary_bomb", bytes_sent=upload.stat().st_size, **outcome)
+    assert (outcome["error"], outcome["setting"]) == ("UploadLimitError", "max_upload_bytes"), outcome
+    assert outcome["peak_growth_mib"] < 64, outcome
+
+
+def test_dictionary_encoded_numbers_are_counted_at_their_decoded_width(tmp_path: Path) -> None:
+    """400 columns of 500,000 rows of one dictionary-encoded int64 (1.6 GB once decoded, under 1 MB sent):
+    refused from the footer's row count and the columns' widths, before a batch of them is decoded."""
+    rows = 500_000
+    indices = pa.array(np.zeros(rows, dtype=np.int32))
+    column = pa.DictionaryArray.from_arrays(indices, pa.array([7], pa.int64()))
+    upload = tmp_path / "numbers.parquet"
+    pq.write_table(
+        pa.table({f"c{index}": column for index in range(400)}), upload, store_schema=False, compression="zstd"
+    )
+    outcome = convert_in_probe(upload, "parquet")
+    figures.record("upload_parquet_dictionary_numbers", bytes_sent=upload.stat().st_size, **outcome)
     assert (outcome["error"], outcome["setting"]) == ("UploadLimitError", "max_upload_bytes"), outcome
     assert outcome["peak_growth_mib"] < 64, outcome

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -241,25 +242,37 @@ def _check_rows(n_rows: int) -> None:
         raise DatasetError("the file has a header but no rows")
 
 
+HEADER_TOKENS = re.compile(rb'[",\r\n]')
+
+
 def header_columns(source: BinaryIO, limit: int) -> int:
     """The columns of a CSV's header record, counted on its bytes before any parser sees them (a parser
     allocates a builder per column of its first block), stopping as soon as they pass ``limit``.
 
-    A quoted field may hold commas and line breaks; leading empty lines are skipped as the reader skips them."""
-    columns, quoted, started = 1, False, False
+    Read as pyarrow's parser reads it: a quote opens a quoted field only as the field's first byte (elsewhere
+    it is a literal), a doubled quote inside one is a quote, and leading empty lines are skipped. Only the
+    delimiters, quotes and line ends are visited, so the work stops with the count."""
+    columns, quoted, field_start, closing_quote, offset = 1, False, 0, -2, 0
     while chunk := source.read(HEADER_SCAN_BYTES):
-        for index, part in enumerate(chunk.split(b'"')):
-            if index:
-                quoted, started = not quoted, True
+        for match in HEADER_TOKENS.finditer(chunk):
+            position, token = offset + match.start(), match.group()
             if quoted:
+                if token == b'"':
+                    quoted, closing_quote = False, position
                 continue
-            if not started:
-                part = part.lstrip(b"\r\n")
-                started = bool(part)
-            end = min((found for found in (part.find(b"\n"), part.find(b"\r")) if found >= 0), default=-1)
-            columns += part.count(b",", 0, end if end >= 0 else len(part))
-            if end >= 0 or columns > limit:
+            if token == b'"':
+                # A field's first byte opens a quoted field; right after a closing quote, a doubled quote.
+                quoted = position in (field_start, closing_quote + 1)
+            elif token == b",":
+                columns += 1
+                field_start = position + 1
+            elif columns == 1 and position == field_start:  # an empty line before the header
+                field_start = position + 1
+            else:
                 return columns
+            if columns > limit:
+                return columns
+        offset += len(chunk)
     return columns
 
 

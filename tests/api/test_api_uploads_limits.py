@@ -144,10 +144,18 @@ def test_too_many_columns_is_413_naming_the_limit(client_with, alice) -> None:
 @pytest.mark.parametrize(
     ("header", "columns"),
     [(b"a,b,c\n1,2,3\n", 3), (b'"x,y",b\n1,2\n', 2), (b'"multi\nline,name",b,c\r\n1,2,3\r\n', 3),
-     (b'"quote "" inside,",b\n', 2), (b"\n\r\na,b\n1,2\n", 2), (b"only", 1), (b"a,b,c", 3)],
+     (b'"quote "" inside,",b\n', 2), (b"\n\r\na,b\n1,2\n", 2), (b"only", 1), (b"a,b,c", 3),
+     (b'x",b,c\n1,2,3\n', 3), (b'"a"b,c\n1,2\n', 2), (b'"a""b",c\n', 2), (b'"a""",b,c\n', 3), (b'a,"",c\n', 3),
+     (b'a,b"",c\n', 3)],
 )
 def test_header_columns_are_counted_on_the_bytes(header: bytes, columns: int) -> None:
     assert header_columns(io.BytesIO(header), 1000) == columns
+    if header.endswith(b"\n"):  # as pyarrow's parser reads it
+        assert len(pa_csv.read_csv(io.BytesIO(header)).column_names) == columns
+
+
+def test_a_quote_inside_a_field_does_not_hide_the_header_commas_after_it() -> None:
+    assert header_columns(io.BytesIO(b'x"' + b"," * 100_000 + b"\n1\n"), 1000) > 1000
 
 
 def test_header_counting_stops_past_the_limit_without_reading_the_rest() -> None:

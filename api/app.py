@@ -23,6 +23,7 @@ from api.text_guard import StorableTextGuard
 from core.logging import configure_logging
 from core.settings import get_settings
 from kernels.registry import registry
+from store.artifacts import remove_stale_parts
 from store.migrate import SchemaNotMigratedError, ensure_migrated
 
 log = structlog.get_logger("gpuest.api")
@@ -50,6 +51,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     except SchemaNotMigratedError as exc:
         log.error("refusing to start: database not migrated", reason=str(exc))
         raise
+    removed = await run_in_threadpool(
+        remove_stale_parts, (datasets.upload_dir(settings), settings.datasets_dir), settings.stale_part_seconds
+    )
+    if removed:
+        log.info("stale temporary files removed", files=len(removed), bytes=sum(size for size in removed.values()))
     if not settings.auth_enabled:
         log.warning(
             "AUTH IS DISABLED: every request acts as one owner, without an API key. "

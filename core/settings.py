@@ -213,6 +213,16 @@ class Settings(BaseSettings):
     )
     max_upload_rows: int = Field(20_000_000, ge=1, description="Most data rows a dataset upload may hold")
     max_upload_columns: int = Field(1_000, ge=1, description="Most columns a dataset upload may hold")
+    max_upload_memory_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024 * 1024, description="Memory an upload's conversion may take for its table "
+        "(decoded batches, a dictionary-encoded column's decoded values); a file that would need more at once (a "
+        "row wider than it) is answered 413 naming it",
+    )
+    stale_part_seconds: float = Field(
+        3600.0, gt=0, description="At an API process's start, temporary files of uploads and datasets (`.*.part` "
+        "under `<data_dir>/uploads` and `<data_dir>/datasets`) untouched this long are removed: left by a process "
+        "killed mid-upload; a live upload of another process writes its file and stays younger",
+    )
     worker_retry_seconds: float = Field(
         15.0, gt=0, description="How long a worker retries a database or broker call (claim, dataset read) before "
         "leaving the job to the reaper"

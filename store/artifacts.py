@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +109,28 @@ def delete_job_files(job_id: str) -> None:
 
     shutil.rmtree(job_artifact_dir(job_id), ignore_errors=True)
     discard_pending_outcome(job_id)
+
+
+# -- temporary files left by a killed process --------------------------------------------------------------
+
+
+def remove_stale_parts(
+    directories: Iterable[Path], older_than_seconds: float, now: float | None = None
+) -> dict[Path, int]:
+    """Remove the temporary files (``.*.part``, as :func:`atomic_target` and upload receiving make them) in
+    ``directories`` whose last write is more than ``older_than_seconds`` ago; returns those removed, with their sizes.
+
+    A process killed while writing one never removes it; one still being written is younger (its writer
+    touches it as it goes) and is kept, so this is safe while other processes upload."""
+    cutoff = (time.time() if now is None else now) - older_than_seconds
+    removed: dict[Path, int] = {}
+    for directory in directories:
+        for path in directory.glob(".*.part"):
+            try:
+                status = path.stat()
+                if path.is_file() and status.st_mtime < cutoff:
+                    path.unlink()
+                    removed[path] = status.st_size
+            except FileNotFoundError:  # removed meanwhile by its own writer, or by another process's cleanup
+                continue
+    return removed

@@ -18,7 +18,15 @@ from core.settings import Settings
 from core.status import JobStatus
 from store import jobs as job_store
 from store.artifact_datasets import ArtifactNotUsableError, register_artifact, table_artifacts
-from store.dataset_ingest import ColumnTypeError, DatasetError, UploadLimitError, UploadLimits, detect_format, ingest
+from store.dataset_ingest import (
+    ColumnTypeError,
+    DatasetError,
+    UploadLimitError,
+    UploadLimits,
+    detect_format,
+    ingest,
+    upload_limits,
+)
 from store.datasets import delete_dataset, get_dataset, list_datasets, remove_dataset_files, stored_bytes
 from store.db import session_scope, storable_text
 from store.jobs import jobs_using_dataset
@@ -125,7 +133,7 @@ async def upload_dataset(request: Request, response: Response, owner: OwnerDep, 
     received = await receive_file(
         request, field_name=UPLOAD_FIELD, directory=upload_dir(settings), max_bytes=settings.max_upload_bytes
     )
-    limits = UploadLimits(settings.max_upload_bytes, settings.max_upload_rows, settings.max_upload_columns)
+    limits = upload_limits(settings)
     try:
         dataset = await run_in_threadpool(_store, received, owner, limits, quota)
     except DatasetError as exc:

@@ -11,11 +11,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 from api_helpers import MAX_UPLOAD_BYTES, assert_problem
@@ -23,7 +25,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from core.settings import get_settings
-from store.dataset_ingest import CSV_BLOCK_BYTES
+from store.dataset_ingest import (
+    CSV_BLOCK_BYTES,
+    UploadLimits,
+    convert_upload,
+    header_columns,
+    page_header_sizes,
+)
 from store.db import session_scope
 from store.decoded import load_frame
 from store.models import Dataset
@@ -133,6 +141,36 @@ def test_too_many_columns_is_413_naming_the_limit(client_with, alice) -> None:
     assert upload(client, alice, "narrow.csv", narrow).status_code == 201
 
 
+@pytest.mark.parametrize(
+    ("header", "columns"),
+    [(b"a,b,c\n1,2,3\n", 3), (b'"x,y",b\n1,2\n', 2), (b'"multi\nline,name",b,c\r\n1,2,3\r\n', 3),
+     (b'"quote "" inside,",b\n', 2), (b"\n\r\na,b\n1,2\n", 2), (b"only", 1), (b"a,b,c", 3),
+     (b'x",b,c\n1,2,3\n', 3), (b'"a"b,c\n1,2\n', 2), (b'"a""b",c\n', 2), (b'"a""",b,c\n', 3), (b'a,"",c\n', 3),
+     (b'a,b"",c\n', 3)],
+)
+def test_header_columns_are_counted_on_the_bytes(header: bytes, columns: int) -> None:
+    assert header_columns(io.BytesIO(header), 1000) == columns
+    if header.endswith(b"\n"):  # as pyarrow's parser reads it
+        assert len(pa_csv.read_csv(io.BytesIO(header)).column_names) == columns
+
+
+def test_a_quote_inside_a_field_does_not_hide_the_header_commas_after_it() -> None:
+    assert header_columns(io.BytesIO(b'x"' + b"," * 100_000 + b"\n1\n"), 1000) > 1000
+
+
+def test_header_counting_stops_past_the_limit_without_reading_the_rest() -> None:
+    source = io.BytesIO(b"," * (10 * 1024 * 1024) + b"\n")
+    assert header_columns(source, 1000) > 1000
+    assert source.tell() < 1024 * 1024
+
+
+def test_a_gzipped_header_wider_than_the_limit_is_413_at_once(client, alice) -> None:
+    wide = gzip.compress(b"," * 99_999 + b"\n" + b"1" + b"," * 99_999 + b"\n")
+    problem = assert_problem(upload(client, alice, "wide.csv.gz", wide, "application/gzip"), 413)
+    assert (problem["limit"], problem["max_upload_columns"]) == ("max_upload_columns", 1000)
+    assert_nothing_stored()
+
+
 def parquet_bytes(table: pa.Table, **options: object) -> bytes:
     sink = io.BytesIO()
     pq.write_table(table, sink, **options)
@@ -158,6 +196,66 @@ def test_parquet_bytes_are_counted_decompressed(client, alice) -> None:
     assert_nothing_stored()
 
 
+def dictionary_bomb(rows: int, value_bytes: int, *, store_schema: bool = False) -> bytes:
+    """One string of ``value_bytes`` in every row, stored once in a dictionary page: a few hundred bytes
+    as sent whatever the rows (the footer's sizes count the dictionary once)."""
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["z" * value_bytes]))
+    return parquet_bytes(pa.table({"s": column}), compression="zstd", store_schema=store_schema,
+                         dictionary_pagesize_limit=2 * value_bytes)
+
+
+def test_page_header_sizes_read_the_dictionary_page_of_a_pyarrow_file() -> None:
+    content = dictionary_bomb(10, 5000)
+    chunk = pq.ParquetFile(io.BytesIO(content)).metadata.row_group(0).column(0)
+    assert chunk.has_dictionary_page
+    page_type, uncompressed = page_header_sizes(content[chunk.dictionary_page_offset:][:64])
+    assert (page_type, uncompressed) == (2, 5000 + 4)  # a dictionary page: the value and its length
+    page_type, _ = page_header_sizes(content[chunk.data_page_offset:][:64])
+    assert page_type != 2
+
+
+@pytest.mark.parametrize("store_schema", [False, True])
+def test_a_parquet_dictionary_bomb_is_413_at_the_byte_limit(client, alice, store_schema) -> None:
+    rows = 4 * MAX_UPLOAD_BYTES // (64 * 1024)  # 4x the byte limit once decoded
+    content = dictionary_bomb(rows, 64 * 1024, store_schema=store_schema)
+    assert len(content) < 1000
+    problem = assert_problem(upload(client, alice, "bomb.parquet", content, "application/octet-stream"), 413)
+    assert problem["limit"] == "max_upload_bytes"
+    assert_nothing_stored()
+
+
+def test_a_dictionary_page_past_the_memory_limit_is_413_naming_it(client_with, alice) -> None:
+    client = client_with(max_upload_bytes=8 * 1024 * 1024, max_upload_memory_bytes=2 * 1024 * 1024)
+    content = dictionary_bomb(1, 3 * 1024 * 1024 // 2)  # one value: the dictionary takes 1.5 MiB
+    problem = assert_problem(upload(client, alice, "wide.parquet", content, "application/octet-stream"), 413)
+    assert (problem["limit"], problem["max_upload_memory_bytes"]) == ("max_upload_memory_bytes", 2 * 1024 * 1024)
+    assert "memory" in problem["detail"]
+    assert_nothing_stored()
+
+
+@pytest.mark.parametrize("store_schema", [False, True])
+def test_a_dictionary_encoded_parquet_within_the_limits_is_stored_decoded(client, alice, store_schema) -> None:
+    content = dictionary_bomb(50, 1000, store_schema=store_schema)
+    response = upload(client, alice, "dict.parquet", content, "application/octet-stream")
+    assert response.status_code == 201, response.text
+    assert response.json()["columns"] == [{"name": "s", "dtype": "string"}]
+    with session_scope() as session:
+        path = session.get(Dataset, response.json()["id"]).path
+    stored = pq.read_table(path)
+    assert stored.schema.field("s").type == pa.string()
+    assert stored.column("s").to_pylist() == ["z" * 1000] * 50
+
+
+def test_parquet_strings_with_nulls_and_other_columns_are_stored_as_sent(client, alice) -> None:
+    table = pa.table({"s": ["a", None, "ccc", "a", None], "n": [1, 2, 3, 4, 5], "b": [b"x", b"yy", None, b"", b"z"],
+                      "f": [0.5, None, 1.5, 2.5, 3.5], "l": pa.array(["x", "y", None, "x", "z"], pa.large_string())})
+    response = upload(client, alice, "mixed.parquet", parquet_bytes(table), "application/octet-stream")
+    assert response.status_code == 201, response.text
+    with session_scope() as session:
+        path = session.get(Dataset, response.json()["id"]).path
+    assert pq.read_table(path).equals(table)
+
+
 # -- streamed, yet the same tables as a whole-file read ----------------------------------------------------
 
 
@@ -172,6 +270,25 @@ def test_a_column_whose_type_changes_after_the_first_block_is_promoted(client_wi
     with session_scope() as session:
         frame = load_frame(session.get(Dataset, response.json()["id"]))
     assert frame["x"].iloc[-1] == 1.5 and frame["x"].iloc[:-1].eq(1.0).all()
+
+
+@pytest.mark.parametrize(
+    ("first", "late"),
+    [(b"7", b"1.5"), (b"", b"3"), (b"0", b"true"), (b"1", b"False\nNA"),
+     (b"2020-01-01", b"2020-01-01 10:00:00"), (b"2020-01-01T10:00:00", b"2020-01-01T10:00:00.5"),
+     (b"12:00:00", b"2020-01-01"), (b"7", b"NA\n1e5"), (b"a", b"\xff\xfe"), (b"", b"2020-01-01")],
+)
+def test_a_late_type_change_gives_the_whole_file_readers_table(tmp_path: Path, first: bytes, late: bytes) -> None:
+    """Streamed twice, never held whole, yet the table pyarrow's whole-file reader infers."""
+    rows = CSV_BLOCK_BYTES // 8 + 1000  # past the first block
+    content = b"n,x,y\n" + b"".join(b"%d,%s,%d\n" % (index, first, index % 3) for index in range(rows))
+    content += b"".join(b"%d,%s,2.5\n" % (rows, value) for value in late.split(b"\n"))
+    upload, target = tmp_path / "late.csv", tmp_path / "late.parquet"
+    upload.write_bytes(content)
+    expected = pa_csv.read_csv(io.BytesIO(content))
+    stored = convert_upload(upload, "csv", target, UploadLimits(1 << 30, 1 << 30, 10))
+    assert stored.schema == expected.schema and stored.n_rows == expected.num_rows
+    assert pq.read_table(target).equals(pq.read_table(io.BytesIO(parquet_bytes(expected))))
 
 
 def test_a_stray_value_after_the_first_block_is_found(client_with, alice) -> None:
@@ -232,6 +349,25 @@ def test_parse_errors_name_no_server_path(client, alice, name, content) -> None:
     for leak in (data_dir, str(get_settings().data_dir), "uploads", ".part", ".upload-"):
         assert leak not in text, problem
     assert_nothing_stored()
+
+
+# -- temporary files of a process killed mid-upload ----------------------------------------------------------
+
+
+def test_stale_temporary_files_are_removed_at_start_and_live_ones_kept(client_with) -> None:
+    data_dir = Path(get_settings().data_dir)
+    stale = [data_dir / "uploads" / ".upload-killed.part", data_dir / "datasets" / ".abc.parquet.x1.part"]
+    live = [data_dir / "uploads" / ".upload-live.part", data_dir / "datasets" / ".def.parquet.x2.part"]
+    kept = [data_dir / "datasets" / "abc.parquet", data_dir / "uploads" / "notes.part"]
+    for path in stale + live + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 1000)
+    hour_ago = time.time() - 3600
+    for path in stale + kept:
+        os.utime(path, (hour_ago, hour_ago))
+    client_with(stale_part_seconds=600)  # the app's start removes them
+    assert [path for path in stale if path.exists()] == []
+    assert all(path.exists() for path in live + kept)
 
 
 # -- memory: a bomb of the issue's size (100M rows from a few hundred kB) is refused without the API growing

@@ -237,3 +237,24 @@ def test_a_grid_of_a_thousand_members_is_created_in_one_request(client, alice) -
     assert problem["detail"].startswith(
         "1000 of 1000 members are invalid: members.0.params.n_clusters: member 0 (params.seed=0): Field required"
     )
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ("conf_int.\u00b2", "printable ASCII"),  # str.isdigit() holds for a superscript two; int() refuses it
+        ("conf_int.\u0661", "printable ASCII"),  # an Arabic-Indic digit
+        ("conf_int.1\x1b[0m", "printable ASCII"),
+        ("conf_int..1", "empty part"),
+        (".".join(["a"] * 17), "at most 16"),
+        (",".join(f"f{i}" for i in range(101)), "at most 100"),
+    ],
+)
+def test_a_malformed_results_field_is_a_422_naming_fields(client, alice, fields, words) -> None:
+    group = create(client, alice)
+    run_through_store(members(client, alice, group["id"])[0]["id"], result={"conf_int": [0.1, 0.2]})
+    response = client.get(f"/v1/job-groups/{group['id']}/results", params={"fields": fields}, headers=alice)
+    problem = assert_problem(response, 422)
+    assert [error["field"] for error in problem["errors"]] == ["fields"], problem
+    assert words in problem["detail"], problem
+    assert "\x1b" not in problem["detail"] and "\u00b2" not in problem["detail"]

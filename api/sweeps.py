@@ -21,7 +21,7 @@ from api.schemas import JobGroupRequest
 from api.work_cap import cpu_cap_errors
 from core.settings import Settings
 from kernels.registry import get_kind
-from kernels.spec import JobParams
+from kernels.spec import PARSE_MEMO, JobParams
 from store.groups import MemberSpec
 
 # A grid key: "params." and a dotted path of field names (a nested section's field: params.grid.n_points).
@@ -162,11 +162,14 @@ class MemberChecker:
         self._adapter, self._tags = request_adapter, kind_tags
         self._settings = settings  # for the CPU work cap (api/work_cap.py); None: not checked
         self._datasets: dict[str, tuple[list[dict[str, Any]], dict[str, list[str]]]] = {}
+        self._parses: dict[Any, Any] = {}  # one parse per distinct formula (or other parsed text) of the group
 
     def check(self, prefix: str, spec: dict[str, Any], values: Mapping[str, Any]) -> tuple[MemberSpec | None, list]:
         """The member, or None and its errors (fields prefixed, messages naming its grid values)."""
         try:
-            body = self._adapter.validate_python({"kind": spec.get("kind"), "params": spec.get("params", {})})
+            body = self._adapter.validate_python(
+                {"kind": spec.get("kind"), "params": spec.get("params", {})}, context={PARSE_MEMO: self._parses}
+            )
         except ValidationError as error:
             raw = [{**item, "loc": ("body", *item["loc"])} for item in error.errors()]
             return None, self._prefixed(prefix, validation_errors(raw, self._tags), values)

@@ -10,7 +10,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from kernels.crve import BOOTSTRAP_KIND, MONTECARLO_KIND
 from kernels.crve.formula import FormulaText, ParsedFormula, column_problems, parse_formula, parse_of
 from kernels.crve.hypothesis import submission_problems
-from kernels.spec import JobParams, ResultModel, ResultPart
+from kernels.spec import JobParams, ResultModel, ResultPart, memoized_parse
 
 DEFAULT_SEED = 20_190_101
 WeightsType = Literal["rademacher", "webb", "mammen", "norm"]
@@ -361,13 +361,15 @@ class BootstrapParams(JobParams):
 
     @field_validator("formula")
     @classmethod
-    def _parses(cls, formula: str) -> str:
+    def _parses(cls, formula: str, info: ValidationInfo) -> str:
         """The one parse of the formula (no data needed: a typo is a 422 on params.formula at submission),
-        carried by the text for the validators after this one and for the run (:attr:`parsed_formula`)."""
+        carried by the text for the validators after this one and for the run (:attr:`parsed_formula`); under
+        a validation context's memo, one parse per distinct formula (:func:`kernels.spec.memoized_parse`)."""
         try:
-            return FormulaText.of(parse_formula(formula))
+            parsed = memoized_parse(info, ("crve formula", str(formula)), lambda: parse_formula(formula))
         except ValueError as error:
             raise ValueError(str(error).removeprefix("formula: ")) from None
+        return FormulaText.of(parsed)
 
     @field_validator("cluster")
     @classmethod

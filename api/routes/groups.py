@@ -126,7 +126,7 @@ def create_group(
 ) -> JobGroupOut:
     """Expand the grid (or the specs), check every member like a single job, store the group and its members
     as queued in one transaction (all or none) and ring the worker queue for each."""
-    planned, varying = planned_members(body, settings.max_group_jobs)
+    planned, varying = planned_members(body, settings.max_group_jobs, settings.max_group_params_bytes)
     check_callback_url(body.callback_url, settings)
     existing = group_store.find_by_idempotency_key(session, owner, idempotency_key) if idempotency_key else None
     spec = body.model_dump(mode="json", include={"base", "grid", "specs"}, exclude_none=True)

@@ -221,13 +221,18 @@ class SyntheticDataset(JobParams):
 
 def _check_restrictions(texts: list[str], info: ValidationInfo) -> None:
     """Restrictions against the formula's terms (no data needed; the formula field is validated first and
-    carries its parse)."""
+    carries its parse); once per distinct formula and restrictions under a validation context's memo."""
     formula = info.data.get("formula")
     if formula is None:
         return
-    problems = submission_problems(texts, parse_of(formula).terms)
-    if problems:
-        raise ValueError("; ".join(problems))
+
+    def check() -> None:
+        problems = submission_problems(texts, parse_of(formula).terms)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    # Their cost grows with the formula's terms; members of a group sharing formula and restrictions share it.
+    memoized_parse(info, ("crve restrictions", str(formula), tuple(texts)), check)
 
 
 def _check_iv_spec(params: BootstrapParams, endogenous: str) -> None:

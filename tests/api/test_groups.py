@@ -258,3 +258,33 @@ def test_a_malformed_results_field_is_a_422_naming_fields(client, alice, fields,
     assert [error["field"] for error in problem["errors"]] == ["fields"], problem
     assert words in problem["detail"], problem
     assert "\x1b" not in problem["detail"] and "\u00b2" not in problem["detail"]
+
+
+def test_a_group_whose_members_would_pass_the_byte_bound_is_refused_before_expansion(client, alice, monkeypatch):
+    monkeypatch.setenv("GPUEST_MAX_GROUP_PARAMS_BYTES", "10000")
+    clear_cached_settings()
+    sizes = {**BASE["params"], "n_clusters": 200, "cluster_sizes": [5] * 200}  # about 520 bytes a member
+    grid = {"base": {**BASE, "params": sizes}, "grid": {"params.seed": list(range(30))}}
+    problem = assert_problem(client.post("/v1/job-groups", json=grid, headers=alice), 422)
+    assert [error["field"] for error in problem["errors"]] == ["grid"]
+    assert "at most 10,000" in problem["detail"] and problem["errors"][0]["constraint"] == {"le": 10000}
+    specs = {"base": {**BASE, "params": sizes}, "specs": [{"params": {"seed": seed}} for seed in range(30)]}
+    problem = assert_problem(client.post("/v1/job-groups", json=specs, headers=alice), 422)
+    assert [error["field"] for error in problem["errors"]] == ["specs"]
+    assert counts_in_store() == (0, 0)
+    within = {"base": {**BASE, "params": sizes}, "grid": {"params.seed": list(range(15))}}
+    assert create(client, alice, within)["member_count"] == 15
+
+
+@pytest.mark.parametrize("where", ["base", "grid", "specs"])
+def test_a_deeply_nested_group_body_is_a_422_not_a_500(client, alice, where) -> None:
+    deep: object = 1
+    for _ in range(400):
+        deep = [deep]
+    body = {
+        "base": {"base": {**BASE, "params": {**BASE["params"], "extra": deep}}, "grid": {"params.seed": [1]}},
+        "grid": {"base": BASE, "grid": {"params.seed": [1], "params.extra": [deep]}},
+        "specs": {"specs": [{**BASE, "params": {**BASE["params"], "extra": deep}}]},
+    }[where]
+    problem = assert_problem(client.post("/v1/job-groups", json=body, headers=alice), 422)
+    assert "more than 32 deep" in problem["detail"] and counts_in_store() == (0, 0)

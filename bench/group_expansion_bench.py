@@ -4,6 +4,11 @@ with an n-element ``cluster_sizes``, a grid of seeds x replications) and for the
 (``y ~ v0*...*v{k-1}`` as one crve_bootstrap job).
 
     python bench/group_expansion_bench.py --members 1000 2000 --sizes 1000 [--tracemalloc] [--formula 10 12]
+        [--phases 1000 4000] [--formula-group 300]
+
+``--phases``: the expansion and the members' checks alone (no store, no broker), with the byte bound lifted, for
+n members of the ``--sizes`` base; ``--formula-group``: a group of n crve_bootstrap members sharing the
+10-factor formula (1,024 terms) and its restriction.
 
 Runs on any tree of the project (it imports only the API and the store): run it on an older checkout, with
 PYTHONPATH pointing there, for the figures before a change."""
@@ -77,15 +82,59 @@ def measure(client, headers, body: dict, path: str, traced: bool) -> dict:  # ty
     }
 
 
+def phases(members: int, size: int) -> dict:
+    import inspect
+
+    from api.routes.groups import member_adapter
+    from api.schemas import JobGroupRequest
+    from api.sweeps import MemberChecker, check_members, planned_members
+    from core.settings import get_settings
+    from store.db import session_scope
+
+    settings = get_settings()
+    request = JobGroupRequest.model_validate(group_body(members, size))
+    bounds = (settings.max_group_jobs, 2**40)[: len(inspect.signature(planned_members).parameters) - 1]
+    tracemalloc.start()
+    started = time.perf_counter()
+    planned, _ = planned_members(request, *bounds)
+    expanded = time.perf_counter()
+    with session_scope() as session:
+        check_members(MemberChecker(session, "bench", member_adapter(), [], settings), planned)
+    checked = time.perf_counter()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return {"expand_s": round(expanded - started, 3), "check_s": round(checked - expanded, 3), "peak_bytes": peak}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--members", type=int, nargs="*", default=[1000])
+    parser.add_argument("--members", type=int, nargs="*", default=[])
     parser.add_argument("--sizes", type=int, nargs="*", default=[1000], help="cluster_sizes elements")
     parser.add_argument("--formula", type=int, nargs="*", default=[], help="factors of y ~ v0*v1*...")
     parser.add_argument("--tracemalloc", action="store_true")
+    parser.add_argument("--phases", type=int, nargs="*", default=[], help="members, expansion and checks alone")
+    parser.add_argument("--formula-group", type=int, nargs="*", default=[], help="members sharing a formula")
     arguments = parser.parse_args()
     client, headers = _client(Path(tempfile.mkdtemp(prefix="group-bench-")))
-    for size in arguments.sizes:
+    for members in arguments.phases:
+        for size in arguments.sizes:
+            row = phases(members, size)
+            print(json.dumps({"case": "phases", "members": members, "cluster_sizes": size, **row}), flush=True)
+    for members in arguments.formula_group:
+        formula = "y ~ " + "*".join(f"v{i}" for i in range(10))
+        spec = {
+            "kind": "crve_bootstrap",
+            "params": {
+                "synthetic": {"n_obs": 100, "n_clusters": 10},
+                "formula": formula,
+                "cluster": "g",
+                "param": "v0",
+            },
+        }
+        body = {"base": spec, "grid": {"params.seed": list(range(members))}}
+        row = measure(client, headers, body, "/v1/job-groups", arguments.tracemalloc)
+        print(json.dumps({"case": "formula-group", "members": members, **row}), flush=True)
+    for size in arguments.sizes if arguments.members else []:
         for members in arguments.members:
             row = measure(client, headers, group_body(members, size), "/v1/job-groups", arguments.tracemalloc)
             print(json.dumps({"case": "group", "members": members, "cluster_sizes": size, **row}), flush=True)

@@ -51,7 +51,7 @@ _SATURATED = 10**12  # every count saturates here: the bounds are far below, and
 
 
 @dataclass(frozen=True)
-class _Expansion:
+class Expansion:
     """Upper bounds on what formulaic makes of a subtree: its terms, the factors of its largest term and the
     term products formed on the way."""
 
@@ -76,7 +76,7 @@ def _power_exponent(node: Any) -> int:
     return 1
 
 
-def _power(base: _Expansion, exponent: int, operand_products: int) -> _Expansion:
+def _power(base: Expansion, exponent: int, operand_products: int) -> Expansion:
     n = base.terms
     enumerated = 1 if n <= 1 else _SATURATED if exponent * math.log(n) > math.log(_SATURATED) else n**exponent
     distinct, choose = 0, 1  # distinct products: at most sum over j <= exponent of C(n, j)
@@ -85,45 +85,45 @@ def _power(base: _Expansion, exponent: int, operand_products: int) -> _Expansion
         distinct = _capped(distinct + choose)
         if distinct >= _SATURATED:
             break
-    return _Expansion(
+    return Expansion(
         terms=max(min(distinct, enumerated), 1),
         factors=_capped(base.factors * min(exponent, max(n, 1))),
         products=_capped(operand_products + enumerated * exponent),
     )
 
 
-def _combine(symbol: str, arity: int, args: list[_Expansion], raw_args: list[Any]) -> _Expansion:
+def _combine(symbol: str, arity: int, args: list[Expansion], raw_args: list[Any]) -> Expansion:
     products = _capped(sum(arg.products for arg in args))
     if not args:  # "." (the unused columns): one term per column, refused without data anyway
-        return _Expansion(1, 1, products)
+        return Expansion(1, 1, products)
     if arity == 1:
-        return _Expansion(0 if symbol == "-" else args[0].terms, args[0].factors, products)
+        return Expansion(0 if symbol == "-" else args[0].terms, args[0].factors, products)
     left, right = args[0], args[-1]
     if symbol in ("~", "|", "+"):
-        return _Expansion(_capped(left.terms + right.terms), max(left.factors, right.factors), products)
+        return Expansion(_capped(left.terms + right.terms), max(left.factors, right.factors), products)
     if symbol == "-":
-        return _Expansion(left.terms, left.factors, products)
+        return Expansion(left.terms, left.factors, products)
     if symbol in ("**", "^"):
         return _power(left, _power_exponent(raw_args[-1]), products)
     if symbol in ("/", "in"):
         parents, nested = (left, right) if symbol == "/" else (right, left)
         factors = _capped(parents.terms * parents.factors + nested.factors)
-        return _Expansion(_capped(parents.terms + nested.terms), factors, _capped(products + nested.terms))
+        return Expansion(_capped(parents.terms + nested.terms), factors, _capped(products + nested.terms))
     # ":" (every product of a left and a right term), "*" (those and both sides' terms) and, conservatively,
     # any other operator.
     crossed = _capped(left.terms * right.terms)
     terms = crossed if symbol == ":" else _capped(left.terms + right.terms + crossed)
-    return _Expansion(terms, _capped(left.factors + right.factors), _capped(products + crossed))
+    return Expansion(terms, _capped(left.factors + right.factors), _capped(products + crossed))
 
 
-def _expansion(tree: Any) -> _Expansion:
+def _expansion(tree: Any) -> Expansion:
     """Bounds of a whole syntax tree, evaluated without recursion (parentheses may nest thousands deep)."""
-    done: dict[int, _Expansion] = {}
+    done: dict[int, Expansion] = {}
     stack: list[tuple[Any, bool]] = [(tree, False)]
     while stack:
         node, expanded = stack.pop()
         if not isinstance(node, ASTNode):
-            done[id(node)] = _Expansion(1, 1, 0)
+            done[id(node)] = Expansion(1, 1, 0)
         elif not expanded:
             stack.append((node, True))
             stack.extend((arg, False) for arg in node.args)
@@ -134,17 +134,21 @@ def _expansion(tree: Any) -> _Expansion:
     return done[id(tree)]
 
 
-def expansion_problem(text: str) -> str | None:
-    """Why formulaic must not expand ``text`` (a formula or a right-hand side), as a phrase ("has ...",
-    "would ..."), or None. A text formulaic cannot
-    even read into a syntax tree passes: its parse then fails with formulaic's own message."""
+def expansion_bounds(text: str) -> Expansion | None:
+    """Upper bounds on formulaic's expansion of ``text`` (a formula or a right-hand side), from its syntax tree;
+    None where formulaic cannot even read it into one (its parse then fails with formulaic's own message)."""
     try:
         tree = DefaultFormulaParser().get_ast(text)
     except Exception:
         return None
-    if tree is None:
+    return None if tree is None else _expansion(tree)
+
+
+def expansion_problem(text: str) -> str | None:
+    """Why formulaic must not expand ``text``, as a phrase ("has ...", "would ..."), or None."""
+    bounds = expansion_bounds(text)
+    if bounds is None:
         return None
-    bounds = _expansion(tree)
     if bounds.factors > MAX_INTERACTION_FACTORS:
         return f"has an interaction of more than {MAX_INTERACTION_FACTORS} factors (at most {MAX_INTERACTION_FACTORS})"
     if bounds.terms > MAX_FORMULA_TERMS:

@@ -9,12 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 from formulaic import Formula
+from hypothesis import given, reject, seed, settings
+from hypothesis import strategies as st
 
 from kernels.context import RunContext, run_kind
 from kernels.crve.formula import (
     MAX_FORMULA_TERMS,
     column_problems,
     design_from_formula,
+    expansion_bounds,
     expansion_problem,
     parse_formula,
     plain_message,
@@ -143,3 +146,31 @@ def test_formulas_within_the_bounds_parse_and_the_bound_holds(formula: str) -> N
     terms = list(Formula(formula).rhs)
     assert len(parsed.terms) == len(terms) <= MAX_FORMULA_TERMS
     assert max(len(term.factors) for term in terms) <= 10
+
+
+RIGHT_HAND_SIDES = st.recursive(
+    st.sampled_from(["a", "b", "c", "d", "C(g)", "1"]),
+    lambda inner: st.one_of(
+        st.tuples(inner, st.sampled_from([" + ", " - ", ":", "*", "/", " %in% "]), inner).map(
+            lambda parts: f"({parts[0]}{parts[1]}{parts[2]})"
+        ),
+        st.tuples(inner, st.integers(1, 3)).map(lambda parts: f"({parts[0]})**{parts[1]}"),
+    ),
+    max_leaves=6,
+)
+
+
+@seed(20261207)
+@settings(max_examples=300, deadline=None)
+@given(rhs=RIGHT_HAND_SIDES)
+def test_the_expansion_bounds_never_fall_below_what_formulaic_makes(rhs: str) -> None:
+    formula = f"y ~ {rhs}"
+    bounds = expansion_bounds(formula)
+    assert bounds is not None
+    try:
+        parsed = Formula(formula)
+        terms = [*parsed.lhs, *parsed.rhs]
+    except Exception:  # formulaic refuses some of these (e.g. a term seen twice with different scalings)
+        reject()
+    assert bounds.terms >= len(terms), formula
+    assert bounds.factors >= max((len(term.factors) for term in terms), default=0), formula

@@ -98,3 +98,13 @@ def test_an_exponential_formula_is_refused_in_bounded_time_and_memory(api: Embed
     assert status == 422 and [error["field"] for error in problem["errors"]] == ["params.formula"], problem
     assert "more than 10 factors" in problem["detail"]
     assert seconds < 2 and peak < 4 * MIB, (seconds, peak)
+
+
+def test_a_large_family_on_a_long_formula_is_checked_in_bounded_time(api: EmbeddedApi) -> None:
+    formula = "y ~ " + "+".join(f"v{i}" for i in range(700))  # 3,393 characters, 701 terms
+    spec = bootstrap_spec(formula)
+    spec["params"] = {**spec["params"], "param": None, "family": [f"v{i} = 0" for i in range(200)]}
+    started = time.perf_counter()
+    response = api.client.post("/v1/jobs", json=spec, headers=api.headers)
+    assert response.status_code == 202, response.text
+    assert time.perf_counter() - started < 5  # a pattern compiled per term and restriction: about 13 s here

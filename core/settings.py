@@ -136,6 +136,11 @@ class Settings(BaseSettings):
         10_000, ge=1, le=100_000, description="Most member jobs one job group (sweep) may create; a larger grid "
         "or list of specs is answered 422"
     )
+    max_group_params_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="Most bytes (compact JSON) a job group's members' specs may total "
+        "once expanded: each member's base plus its grid values or spec, computed before the grid is expanded; a "
+        "larger group is answered 422"
+    )
     admin_key: SecretStr | None = Field(
         None,  # its form is checked where it is used (a clear one-line error, not a settings traceback)
         description="An API key (`gpe_` and at least 32 characters; e.g. `gpe_$(openssl rand -hex 24)`) that "

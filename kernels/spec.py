@@ -3,12 +3,35 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo
 
 Settings = TypeVar("Settings")
+Parsed = TypeVar("Parsed")
+
+# The key of a validation context's memo (``validate_python(..., context={PARSE_MEMO: {}})``): validators
+# that parse text (a formula) keep each distinct text's parse there, so the members of a job group that share
+# a formula cost one parse between them.
+PARSE_MEMO = "parse_memo"
+
+
+def memoized_parse(info: ValidationInfo, key: Hashable, parse: Callable[[], Parsed]) -> Parsed:
+    """``parse()``, or what it gave for ``key`` earlier under the same validation context's memo (its
+    ValueError included: a bad text shared by many members is parsed once too). Without a memo, ``parse()``."""
+    memo = info.context.get(PARSE_MEMO) if isinstance(info.context, Mapping) else None
+    if not isinstance(memo, dict):
+        return parse()
+    if key not in memo:
+        try:
+            memo[key] = (True, parse())
+        except ValueError as error:
+            memo[key] = (False, str(error))
+    succeeded, value = memo[key]
+    if not succeeded:
+        raise ValueError(value)
+    return value
 
 
 class JobParams(BaseModel):

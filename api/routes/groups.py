@@ -24,6 +24,7 @@ from api.deps import OwnerDep, SessionDep, SettingsDep
 from api.job_checks import check_active_jobs_quota, invalid
 from api.pagination import LimitQuery, OffsetQuery, next_page
 from api.problems import ProblemError, field_error
+from api.result_fields import lookup, parse_fields
 from api.schemas import (
     CallbackOut,
     JobGroupLinks,
@@ -125,7 +126,7 @@ def create_group(
 ) -> JobGroupOut:
     """Expand the grid (or the specs), check every member like a single job, store the group and its members
     as queued in one transaction (all or none) and ring the worker queue for each."""
-    planned, varying = planned_members(body, settings.max_group_jobs)
+    planned, varying = planned_members(body, settings.max_group_jobs, settings.max_group_params_bytes)
     check_callback_url(body.callback_url, settings)
     existing = group_store.find_by_idempotency_key(session, owner, idempotency_key) if idempotency_key else None
     spec = body.model_dump(mode="json", include={"base", "grid", "specs"}, exclude_none=True)
@@ -207,9 +208,11 @@ def cancel_group(group: OwnedGroupDep, session: SessionDep) -> JobGroupOut:
 @router.delete(
     "/{group_id}",
     status_code=204,
-    responses={**NOT_FOUND_RESPONSES, 204: {"description": "Deleted: the group, its members, their results and "
-                                             "artifacts"},
-               409: {"description": "Members are queued or running: cancel the group first"}},
+    responses={
+        **NOT_FOUND_RESPONSES,
+        204: {"description": "Deleted: the group, its members, their results and artifacts"},
+        409: {"description": "Members are queued or running: cancel the group first"},
+    },
     summary="Delete a finished job group",
 )
 def delete_group(group: OwnedGroupDep, session: SessionDep) -> Response:
@@ -219,31 +222,15 @@ def delete_group(group: OwnedGroupDep, session: SessionDep) -> Response:
         deleted = group_store.delete_finished_group(session, group)
     except group_store.GroupNotFinishedError as error:
         raise ProblemError(
-            409, f"{error.active} member(s) of job group {group.id} are queued or running: cancel the group "
+            409,
+            f"{error.active} member(s) of job group {group.id} are queued or running: cancel the group "
             f"(POST /v1/job-groups/{group.id}/cancel), then delete it once they have stopped",
-            slug="job-group-not-finished", extensions={"active_members": error.active},
+            slug="job-group-not-finished",
+            extensions={"active_members": error.active},
         ) from None
     session.commit()
     log.info("job group deleted", group_id=group.id, members=deleted)
     return Response(status_code=204)
-
-
-def _lookup(value: Any, path: list[str]) -> tuple[bool, Any]:
-    """(found, value) of a dotted path inside a result: a number indexes a list, and a key may hold dots
-    itself (``rejection_rate.0.05`` reads the key "0.05" of ``rejection_rate``)."""
-    if not path:
-        return True, value
-    if isinstance(value, list):
-        head = path[0]
-        return _lookup(value[int(head)], path[1:]) if head.isdigit() and int(head) < len(value) else (False, None)
-    if isinstance(value, dict):
-        for length in range(1, len(path) + 1):
-            key = ".".join(path[:length])
-            if key in value:
-                found, item = _lookup(value[key], path[length:])
-                if found:
-                    return True, item
-    return False, None
 
 
 def _scalar_fields(results: list[dict[str, Any]]) -> list[str]:
@@ -277,7 +264,7 @@ def _column(values: list[Any]) -> pa.Array:
 def results_table(group: JobGroup, rows: list[group_store.MemberRow], fields: list[str] | None) -> pa.Table:
     results = [row.result for row in rows if row.result is not None]
     chosen = fields if fields is not None else _scalar_fields(results)
-    unknown = [name for name in chosen if results and not any(_lookup(r, name.split("."))[0] for r in results)]
+    unknown = [name for name in chosen if results and not any(lookup(r, name.split("."))[0] for r in results)]
     if unknown:
         raise invalid(
             [
@@ -306,7 +293,7 @@ def results_table(group: JobGroup, rows: list[group_store.MemberRow], fields: li
                     )
                 ]
             )
-        columns[name] = [_lookup(row.result, name.split("."))[1] if row.result is not None else None for row in rows]
+        columns[name] = [lookup(row.result, name.split("."))[1] if row.result is not None else None for row in rows]
     return pa.table({name: _column(values) for name, values in columns.items()})
 
 
@@ -325,8 +312,8 @@ def group_results(
         str | None,
         Query(
             max_length=4000,
-            description="comma-separated dotted result fields, e.g. "
-            "rejection_rate,timings.total; default: every top-level scalar field",
+            description="comma-separated dotted result fields (printable ASCII; a number indexes a list), e.g. "
+            "rejection_rate,timings.total,conf_int.0; default: every top-level scalar field",
         ),
     ] = None,
     format: Annotated[str, Query(pattern="^(csv|parquet)$", description="csv or parquet")] = "csv",
@@ -334,7 +321,7 @@ def group_results(
     """One row per member in group order: ``member``, ``job_id``, ``status``, the varying params paths, then the
     chosen result fields (empty for members that have not succeeded). Available at any time: rows of members
     still running are empty until they succeed."""
-    chosen = [name.strip() for name in fields.split(",") if name.strip()] if fields is not None else None
+    chosen = parse_fields(fields) if fields is not None else None
     table = results_table(group, group_store.member_rows(session, group.id), chosen)
     buffer = io.BytesIO()
     if format == "parquet":

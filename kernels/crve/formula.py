@@ -14,6 +14,8 @@ the fixed effect once demeaned (pyfixest drops the reference level the same way)
 
 from __future__ import annotations
 
+import ast
+import math
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from formulaic import Formula, model_matrix
+from formulaic.parser import DefaultFormulaParser
+from formulaic.parser.types import ASTNode, Token
 from formulaic.utils.variables import Variable
 
 INTERCEPT = "Intercept"  # formulaic's name of the intercept column
@@ -37,6 +41,121 @@ def plain_message(error: BaseException | str) -> str:
 
 
 MAX_FIXED_EFFECTS = 4
+# formulaic expands products of sums into every interaction (a*b*c: 7 terms; n factors: 2^n - 1) and a power
+# (a+b)**k by forming all 2^k products: the bounds below are checked on the formula's syntax tree, whose
+# size is linear in the text, before formulaic expands anything.
+MAX_INTERACTION_FACTORS = 10
+MAX_FORMULA_TERMS = 2000
+MAX_EXPANSION_PRODUCTS = 100_000
+_SATURATED = 10**12  # every count saturates here: the bounds are far below, and no integer grows huge
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """Upper bounds on what formulaic makes of a subtree: its terms, the factors of its largest term and the
+    term products formed on the way."""
+
+    terms: int
+    factors: int
+    products: int
+
+
+def _capped(value: int) -> int:
+    return min(value, _SATURATED)
+
+
+def _power_exponent(node: Any) -> int:
+    """The integer right of ``**``; 1 where it is none (formulaic then refuses the formula itself)."""
+    if isinstance(node, Token) and node.kind is Token.Kind.VALUE:
+        try:
+            value = ast.literal_eval(node.token)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return 1
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return _capped(value)
+    return 1
+
+
+def _power(base: Expansion, exponent: int, operand_products: int) -> Expansion:
+    n = base.terms
+    enumerated = 1 if n <= 1 else _SATURATED if exponent * math.log(n) > math.log(_SATURATED) else n**exponent
+    distinct, choose = 0, 1  # distinct products: at most sum over j <= exponent of C(n, j)
+    for j in range(1, min(n, exponent) + 1):
+        choose = choose * (n - j + 1) // j
+        distinct = _capped(distinct + choose)
+        if distinct >= _SATURATED:
+            break
+    return Expansion(
+        terms=max(min(distinct, enumerated), 1),
+        factors=_capped(base.factors * min(exponent, max(n, 1))),
+        products=_capped(operand_products + enumerated * exponent),
+    )
+
+
+def _combine(symbol: str, arity: int, args: list[Expansion], raw_args: list[Any]) -> Expansion:
+    products = _capped(sum(arg.products for arg in args))
+    if not args:  # "." (the unused columns): one term per column, refused without data anyway
+        return Expansion(1, 1, products)
+    if arity == 1:
+        return Expansion(0 if symbol == "-" else args[0].terms, args[0].factors, products)
+    left, right = args[0], args[-1]
+    if symbol in ("~", "|", "+"):
+        return Expansion(_capped(left.terms + right.terms), max(left.factors, right.factors), products)
+    if symbol == "-":
+        return Expansion(left.terms, left.factors, products)
+    if symbol in ("**", "^"):
+        return _power(left, _power_exponent(raw_args[-1]), products)
+    if symbol in ("/", "in"):
+        parents, nested = (left, right) if symbol == "/" else (right, left)
+        factors = _capped(parents.terms * parents.factors + nested.factors)
+        return Expansion(_capped(parents.terms + nested.terms), factors, _capped(products + nested.terms))
+    # ":" (every product of a left and a right term), "*" (those and both sides' terms) and, conservatively,
+    # any other operator.
+    crossed = _capped(left.terms * right.terms)
+    terms = crossed if symbol == ":" else _capped(left.terms + right.terms + crossed)
+    return Expansion(terms, _capped(left.factors + right.factors), _capped(products + crossed))
+
+
+def _expansion(tree: Any) -> Expansion:
+    """Bounds of a whole syntax tree, evaluated without recursion (parentheses may nest thousands deep)."""
+    done: dict[int, Expansion] = {}
+    stack: list[tuple[Any, bool]] = [(tree, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if not isinstance(node, ASTNode):
+            done[id(node)] = Expansion(1, 1, 0)
+        elif not expanded:
+            stack.append((node, True))
+            stack.extend((arg, False) for arg in node.args)
+        else:
+            args = list(node.args)
+            bounds = [done[id(arg)] for arg in args]
+            done[id(node)] = _combine(node.operator.symbol, node.operator.arity, bounds, args)
+    return done[id(tree)]
+
+
+def expansion_bounds(text: str) -> Expansion | None:
+    """Upper bounds on formulaic's expansion of ``text`` (a formula or a right-hand side), from its syntax tree;
+    None where formulaic cannot even read it into one (its parse then fails with formulaic's own message)."""
+    try:
+        tree = DefaultFormulaParser().get_ast(text)
+    except Exception:
+        return None
+    return None if tree is None else _expansion(tree)
+
+
+def expansion_problem(text: str) -> str | None:
+    """Why formulaic must not expand ``text``, as a phrase ("has ...", "would ..."), or None."""
+    bounds = expansion_bounds(text)
+    if bounds is None:
+        return None
+    if bounds.factors > MAX_INTERACTION_FACTORS:
+        return f"has an interaction of more than {MAX_INTERACTION_FACTORS} factors (at most {MAX_INTERACTION_FACTORS})"
+    if bounds.terms > MAX_FORMULA_TERMS:
+        return f"would expand to more than {MAX_FORMULA_TERMS:,} terms (at most {MAX_FORMULA_TERMS:,})"
+    if bounds.products > MAX_EXPANSION_PRODUCTS:
+        return f"would form more than {MAX_EXPANSION_PRODUCTS:,} term products (at most {MAX_EXPANSION_PRODUCTS:,})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -69,6 +188,9 @@ def parse_formula(formula: str) -> ParsedFormula:
         raise ValueError(f"formula: {formula!r} has too many '|' (y ~ x | fixed effects | endogenous ~ instruments)")
     main, absorbed = parts[0], parts[1] if len(parts) > 1 else ""
     fe_names = _fixed_effect_names(absorbed)
+    problem = expansion_problem(main)
+    if problem is not None:
+        raise ValueError(f"formula: {main.strip()[:200]!r} {problem}")
     try:
         parsed = Formula(main)
         required = parsed.required_variables
@@ -125,6 +247,9 @@ def _iv_part(text: str) -> IvPart:
             f"formula: the IV part {text.strip()!r} needs one endogenous column left of '~' (one endogenous "
             "regressor is supported)"
         )
+    problem = expansion_problem(right)
+    if problem is not None:
+        raise ValueError(f"formula: the instrument part {right.strip()[:200]!r} {problem}")
     try:
         required = Formula(right + " - 1").required_variables
     except Exception as error:

@@ -16,6 +16,7 @@ Depends on no other CRVE module (see docs/crve.md).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,11 +43,23 @@ class Restrictions:
         return int(self.matrix.shape[0])
 
 
+# Compiled once per name: a formula may have up to 2,000 terms and a family 200 restrictions, far past the
+# 512 patterns ``re`` keeps, which would otherwise be compiled again for every restriction.
+@functools.lru_cache(maxsize=8192)
+def _name_pattern(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![{_NAME_CHARS}]){re.escape(name)}(?![{_NAME_CHARS}(\[])")
+
+
+@functools.lru_cache(maxsize=8192)
+def _level_pattern(term: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![{_NAME_CHARS}]){re.escape(term)}\[[^\]]*\]")
+
+
 def _with_placeholders(text: str, names: Sequence[str]) -> str:
     order = sorted(range(len(names)), key=lambda index: -len(names[index]))
     for index in order:
-        pattern = rf"(?<![{_NAME_CHARS}]){re.escape(names[index])}(?![{_NAME_CHARS}(\[])"
-        text = re.sub(pattern, _PLACEHOLDER.format(index), text)
+        if names[index] in text:
+            text = _name_pattern(names[index]).sub(_PLACEHOLDER.format(index), text)
     return text
 
 
@@ -145,7 +158,9 @@ def submission_problems(texts: Sequence[str], terms: Sequence[str]) -> list[str]
     names = list(terms)
     for text in texts:
         for term in terms:
-            for match in re.finditer(rf"(?<![{_NAME_CHARS}]){re.escape(term)}\[[^\]]*\]", text):
+            if term not in text:
+                continue
+            for match in _level_pattern(term).finditer(text):
                 if match.group(0) not in names:
                     names.append(match.group(0))
     problems = []

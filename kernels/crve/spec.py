@@ -10,7 +10,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from kernels.crve import BOOTSTRAP_KIND, MONTECARLO_KIND
 from kernels.crve.formula import FormulaText, ParsedFormula, column_problems, parse_formula, parse_of
 from kernels.crve.hypothesis import submission_problems
-from kernels.spec import JobParams, ResultModel, ResultPart
+from kernels.spec import JobParams, ResultModel, ResultPart, memoized_parse
 
 DEFAULT_SEED = 20_190_101
 WeightsType = Literal["rademacher", "webb", "mammen", "norm"]
@@ -221,13 +221,18 @@ class SyntheticDataset(JobParams):
 
 def _check_restrictions(texts: list[str], info: ValidationInfo) -> None:
     """Restrictions against the formula's terms (no data needed; the formula field is validated first and
-    carries its parse)."""
+    carries its parse); once per distinct formula and restrictions under a validation context's memo."""
     formula = info.data.get("formula")
     if formula is None:
         return
-    problems = submission_problems(texts, parse_of(formula).terms)
-    if problems:
-        raise ValueError("; ".join(problems))
+
+    def check() -> None:
+        problems = submission_problems(texts, parse_of(formula).terms)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    # Their cost grows with the formula's terms; members of a group sharing formula and restrictions share it.
+    memoized_parse(info, ("crve restrictions", str(formula), tuple(texts)), check)
 
 
 def _check_iv_spec(params: BootstrapParams, endogenous: str) -> None:
@@ -361,13 +366,15 @@ class BootstrapParams(JobParams):
 
     @field_validator("formula")
     @classmethod
-    def _parses(cls, formula: str) -> str:
+    def _parses(cls, formula: str, info: ValidationInfo) -> str:
         """The one parse of the formula (no data needed: a typo is a 422 on params.formula at submission),
-        carried by the text for the validators after this one and for the run (:attr:`parsed_formula`)."""
+        carried by the text for the validators after this one and for the run (:attr:`parsed_formula`); under
+        a validation context's memo, one parse per distinct formula (:func:`kernels.spec.memoized_parse`)."""
         try:
-            return FormulaText.of(parse_formula(formula))
+            parsed = memoized_parse(info, ("crve formula", str(formula)), lambda: parse_formula(formula))
         except ValueError as error:
             raise ValueError(str(error).removeprefix("formula: ")) from None
+        return FormulaText.of(parsed)
 
     @field_validator("cluster")
     @classmethod

@@ -3,6 +3,8 @@ problems naming the field, never formulaic's terminal escape codes (issue 14, "B
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from api_helpers import assert_problem
 from fastapi.testclient import TestClient
@@ -129,3 +131,12 @@ def test_hypotheses_and_clusters_are_checked_at_submission(client, alice, datase
     problem = _problem(client, alice, _spec(dataset_id, **params))
     assert [error["field"] for error in problem["errors"]] == [field]
     assert says in problem["errors"][0]["message"]
+
+
+def test_an_exponential_formula_is_a_quick_plain_422_on_params_formula(client, alice, dataset_id) -> None:
+    formula = "y ~ " + "*".join(f"v{i}" for i in range(16))  # 57 characters; formulaic would make 65,535 terms
+    started = time.monotonic()
+    problem = _problem(client, alice, _spec(dataset_id, formula=formula))
+    assert time.monotonic() - started < 2
+    assert [error["field"] for error in problem["errors"]] == ["params.formula"]
+    assert "interaction of more than 10 factors" in problem["detail"]

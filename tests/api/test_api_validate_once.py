@@ -1,9 +1,10 @@
 """The API validates a job's params once per submission and parses crve_bootstrap's formula once: its later
 checks (the restrictions, the IV rules, the columns of the stored dataset, the CPU cap) read that one parse.
 
-``BootstrapParams`` parses its formula in the formula field's validator, exactly once per validation of the
-model, and nothing else parses it: so the count of ``parse_formula`` calls is the count of validations, and of
-parses, of a submission's params."""
+``BootstrapParams`` parses its formula in the formula field's validator, and nothing else parses it: for a
+single job the count of ``parse_formula`` calls is the count of validations, and of parses, of its params. A
+job group validates each member once and parses each distinct formula once (the validation context's memo):
+its members sharing a formula share its parse."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from collections.abc import Callable
 import pytest
 from fastapi.testclient import TestClient
 
+import kernels.crve.spec
+from kernels.spec import memoized_parse
 from tests.formula_parses import count_parses
 
 CSV = b"y,x1,x2,z,firm,year\n" + b"".join(
@@ -66,10 +69,37 @@ def test_a_refused_column_is_found_from_the_one_parse(
     assert parses == ["y ~ x1 + x9"]
 
 
-def test_a_sweep_validates_each_member_once(
-    client: TestClient, alice: dict[str, str], dataset_id: str, parses: list[str]
+@pytest.fixture
+def validations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The formulas the formula field's validator saw from here on: one per validation of a member's params."""
+    seen: list[str] = []
+
+    def counting(info, key, parse):  # type: ignore[no-untyped-def]
+        if key[0] == "crve formula":
+            seen.append(key[1])
+        return memoized_parse(info, key, parse)
+
+    monkeypatch.setattr(kernels.crve.spec, "memoized_parse", counting)
+    return seen
+
+
+def test_a_sweep_validates_each_member_once_and_parses_each_distinct_formula_once(
+    client: TestClient, alice: dict[str, str], dataset_id: str, parses: list[str], validations: list[str]
 ) -> None:
-    body = {"base": _spec(dataset_id), "grid": {"params.seed": [1, 2, 3]}}
+    formulas = ["y ~ x1 + x2 | year", "y ~ x1 | year"]
+    body = {"base": _spec(dataset_id), "grid": {"params.formula": formulas, "params.seed": [1, 2, 3]}}
     response = client.post("/v1/job-groups", json=body, headers=alice)
     assert response.status_code == 202, response.text
-    assert parses == ["y ~ x1 + x2 | year"] * 3
+    assert validations == [formulas[0]] * 3 + [formulas[1]] * 3
+    assert parses == formulas
+
+
+def test_a_formula_every_member_shares_is_refused_from_one_parse(
+    client: TestClient, alice: dict[str, str], dataset_id: str, parses: list[str]
+) -> None:
+    body = {"base": _spec(dataset_id, formula="y ~ x1 +"), "grid": {"params.seed": list(range(50))}}
+    response = client.post("/v1/job-groups", json=body, headers=alice)
+    assert response.status_code == 422, response.text
+    assert response.json()["invalid_members"] == 50
+    assert response.json()["errors"][0]["field"] == "members.0.params.formula"
+    assert parses == ["y ~ x1 +"]

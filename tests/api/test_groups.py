@@ -237,3 +237,54 @@ def test_a_grid_of_a_thousand_members_is_created_in_one_request(client, alice) -
     assert problem["detail"].startswith(
         "1000 of 1000 members are invalid: members.0.params.n_clusters: member 0 (params.seed=0): Field required"
     )
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ("conf_int.\u00b2", "printable ASCII"),  # str.isdigit() holds for a superscript two; int() refuses it
+        ("conf_int.\u0661", "printable ASCII"),  # an Arabic-Indic digit
+        ("conf_int.1\x1b[0m", "printable ASCII"),
+        ("conf_int..1", "empty part"),
+        (".".join(["a"] * 17), "at most 16"),
+        (",".join(f"f{i}" for i in range(101)), "at most 100"),
+    ],
+)
+def test_a_malformed_results_field_is_a_422_naming_fields(client, alice, fields, words) -> None:
+    group = create(client, alice)
+    run_through_store(members(client, alice, group["id"])[0]["id"], result={"conf_int": [0.1, 0.2]})
+    response = client.get(f"/v1/job-groups/{group['id']}/results", params={"fields": fields}, headers=alice)
+    problem = assert_problem(response, 422)
+    assert [error["field"] for error in problem["errors"]] == ["fields"], problem
+    assert words in problem["detail"], problem
+    assert "\x1b" not in problem["detail"] and "\u00b2" not in problem["detail"]
+
+
+def test_a_group_whose_members_would_pass_the_byte_bound_is_refused_before_expansion(client, alice, monkeypatch):
+    monkeypatch.setenv("GPUEST_MAX_GROUP_PARAMS_BYTES", "10000")
+    clear_cached_settings()
+    sizes = {**BASE["params"], "n_clusters": 200, "cluster_sizes": [5] * 200}  # about 520 bytes a member
+    grid = {"base": {**BASE, "params": sizes}, "grid": {"params.seed": list(range(30))}}
+    problem = assert_problem(client.post("/v1/job-groups", json=grid, headers=alice), 422)
+    assert [error["field"] for error in problem["errors"]] == ["grid"]
+    assert "at most 10,000" in problem["detail"] and problem["errors"][0]["constraint"] == {"le": 10000}
+    specs = {"base": {**BASE, "params": sizes}, "specs": [{"params": {"seed": seed}} for seed in range(30)]}
+    problem = assert_problem(client.post("/v1/job-groups", json=specs, headers=alice), 422)
+    assert [error["field"] for error in problem["errors"]] == ["specs"]
+    assert counts_in_store() == (0, 0)
+    within = {"base": {**BASE, "params": sizes}, "grid": {"params.seed": list(range(15))}}
+    assert create(client, alice, within)["member_count"] == 15
+
+
+@pytest.mark.parametrize("where", ["base", "grid", "specs"])
+def test_a_deeply_nested_group_body_is_a_422_not_a_500(client, alice, where) -> None:
+    deep: object = 1
+    for _ in range(400):
+        deep = [deep]
+    body = {
+        "base": {"base": {**BASE, "params": {**BASE["params"], "extra": deep}}, "grid": {"params.seed": [1]}},
+        "grid": {"base": BASE, "grid": {"params.seed": [1], "params.extra": [deep]}},
+        "specs": {"specs": [{**BASE, "params": {**BASE["params"], "extra": deep}}]},
+    }[where]
+    problem = assert_problem(client.post("/v1/job-groups", json=body, headers=alice), 422)
+    assert "more than 32 deep" in problem["detail"] and counts_in_store() == (0, 0)

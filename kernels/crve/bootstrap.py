@@ -55,7 +55,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from kernels.backend import is_numpy, to_host
 from kernels.crve.fixef import (
@@ -70,7 +70,7 @@ from kernels.crve.fixef import (
     sparse_matrix,
 )
 from kernels.crve.hypothesis import Restrictions
-from kernels.crve.inference import P_VALUE_TYPES, PValueCurve, analytic_p_values, p_values_from
+from kernels.crve.inference import P_VALUE_TYPES, PValueCurve, analytic_p_values, p_values_from, t_quantile
 from kernels.crve.ols import cluster_sums
 from kernels.crve.pairs import pair_statistics, pair_statistics_host
 from kernels.crve.weights import draw_weights, enumerated_weights, use_enumeration
@@ -382,13 +382,14 @@ def _prepare_rows(xp: ModuleType, data: BootstrapData, options: BootstrapOptions
     clusters = _cluster_list(data)
     fixed_effects = _fixed_effect_list(data)
     boot = None if data.bootcluster is None else (data.bootcluster, data.n_boot_clusters)
-    keep = xp.ones(n_obs, dtype=bool)
+    keep, n_zero_weight = None, 0
     if data.weights is not None:
-        keep &= data.weights > 0
+        keep = data.weights > 0
+        n_zero_weight = int((data.weights <= 0).sum())
     if options.drop_singletons and fixed_effects:
-        keep = drop_singletons(xp, fixed_effects, keep)
-    n_kept = int(keep.sum())
-    n_singletons = n_obs - n_kept - (0 if data.weights is None else int((data.weights <= 0).sum()))
+        keep = drop_singletons(xp, fixed_effects, xp.ones(n_obs, dtype=bool) if keep is None else keep)
+    n_kept = n_obs if keep is None else int(keep.sum())  # without weights or fixed effects every row stays
+    n_singletons = n_obs - n_kept - n_zero_weight
     x, y, weights = data.x, data.y, data.weights
     if n_kept < n_obs:
         x, y = x[keep], y[keep]
@@ -398,7 +399,6 @@ def _prepare_rows(xp: ModuleType, data: BootstrapData, options: BootstrapOptions
         fixed_effects = [FixedEffect(e.name, *recode(xp, e.codes[keep])) for e in fixed_effects]
     demeaning = None
     gram = None
-    values = xp.concatenate([x, y[:, None]], axis=1)
     dimension_codes = _dimension_codes(xp, clusters)
     fe_crossing = [
         [not is_nested(xp, e.codes, e.count, codes) for e in fixed_effects] for codes, _, _ in dimension_codes
@@ -406,9 +406,10 @@ def _prepare_rows(xp: ModuleType, data: BootstrapData, options: BootstrapOptions
     heteroskedastic = not clusters
     if heteroskedastic:
         fe_crossing = [[True] * len(fixed_effects)]
-    if fixed_effects:
+    if fixed_effects:  # x and y demeaned together: one pass of the projections over both
         if any(any(row) for row in fe_crossing) or options.fixef_method == "direct":
             gram = Gram(xp, fixed_effects, weights)
+        values = xp.concatenate([x, y[:, None]], axis=1)
         result = demean(
             xp, values, fixed_effects, weights, options.fixef_method, options.fixef_tol, options.fixef_maxiter, gram
         )
@@ -417,11 +418,11 @@ def _prepare_rows(xp: ModuleType, data: BootstrapData, options: BootstrapOptions
                 f"fixef_maxiter: demeaning by alternating projections did not converge to fixef_tol="
                 f"{options.fixef_tol:g} in {options.fixef_maxiter} iterations; raise fixef_maxiter or fixef_tol"
             )
-        values = result.values
+        x, y = result.values[:, :k], result.values[:, k]
         demeaning = {"method": result.method, "iterations": result.iterations, "tol": options.fixef_tol}
     sqrt_w = None if weights is None else xp.sqrt(weights)
     if sqrt_w is not None:
-        values = values * sqrt_w[:, None]
+        x, y = x * sqrt_w[:, None], y * sqrt_w
     if heteroskedastic:
         rows_codes = xp.arange(n_kept, dtype=xp.int64)
         dimensions = [_Dimension(rows_codes, n_kept, 1.0)]
@@ -433,8 +434,8 @@ def _prepare_rows(xp: ModuleType, data: BootstrapData, options: BootstrapOptions
     if heteroskedastic:
         fe_nested = [False] * len(fixed_effects)
     return _Rows(
-        x=xp.ascontiguousarray(values[:, :k]),
-        y=xp.ascontiguousarray(values[:, k]),
+        x=xp.ascontiguousarray(x, dtype=xp.float64),  # no copy when the rows are used as given
+        y=xp.ascontiguousarray(y, dtype=xp.float64),
         sqrt_w=sqrt_w,
         dimensions=dimensions,
         cluster_counts=[count for _, count in clusters] if clusters else [n_kept],
@@ -457,8 +458,9 @@ def _check_options(data: BootstrapData, options: BootstrapOptions, k: int) -> No
     assert options.bootstrap_type in BOOTSTRAP_TYPES, f"bootstrap_type must be one of {BOOTSTRAP_TYPES}"
     if options.bootstrap_type != "11":
         assert data.cluster is not None, "bootstrap_type: the jackknife variants need clusters"
-        assert options.restrictions is None or options.restrictions.count == 1, \
+        assert options.restrictions is None or options.restrictions.count == 1, (
             "bootstrap_type: the jackknife variants test one restriction"
+        )
     if options.restrictions is None and (options.param is None or not 0 <= options.param < k):
         raise ValueError(f"param index {options.param} outside the {k} regressors")
     if options.restrictions is not None and options.restrictions.matrix.shape[1] != k:
@@ -507,12 +509,25 @@ class _Cells:
     boot: Any  # (P,) each cell's bootstrap cluster
     h_count: int
     codes: Any  # (N,) each row's cell, on xp
+    identity: bool = False  # one cell per cluster: the cells are the (single dimension's) bootstrap clusters
+
+    def sums(self, values: Any, codes: Any, count: int) -> Any:
+        """``values`` (P, ...) of the cells summed by ``codes`` (the cells' clusters of a dimension, or their
+        bootstrap clusters): the values themselves when each cell is its own cluster."""
+        return values if self.identity else cluster_sums(self.ns, values, codes, count)
+
+
+def _cells_are_clusters(rows: _Rows) -> bool:
+    """One variance dimension whose clusters are the bootstrap clusters (or a cell per row without clusters):
+    each cluster is one cell, so the reduction needs no cell codes and the sums by cluster are the cells'."""
+    return rows.heteroskedastic or (len(rows.dimensions) == 1 and rows.boot is rows.dimensions[0].codes)
 
 
 def _reduce_cells(xp: ModuleType, rows: _Rows) -> _Cells:
     """One pass over the rows: each cell's X~'X~ and X~'y~."""
-    if rows.heteroskedastic or (len(rows.dimensions) == 1 and rows.boot is rows.dimensions[0].codes):
-        codes, count = rows.boot, rows.h_count  # the cells are the clusters themselves
+    identity = _cells_are_clusters(rows)
+    if identity:
+        codes, count = rows.boot, rows.h_count
     else:
         first = rows.dimensions[: len(rows.cluster_counts)]
         keys = [(dimension.codes, dimension.count) for dimension in first]
@@ -529,21 +544,20 @@ def _reduce_cells(xp: ModuleType, rows: _Rows) -> _Cells:
         xtx, xty = rows.x[:, :, None] * rows.x[:, None, :], rows.x * rows.y[:, None]
     else:
         xtx, xty = pair_statistics(xp, rows.x, rows.y, codes, count)
-    first_row = _first_row_of_each(xp, codes, count)
+    if identity:
+        cell_codes = ns.arange(count, dtype=ns.int64)
+        return _Cells(ns, xtx, xty, [cell_codes], cell_codes, rows.h_count, codes, identity=True)
     move = to_host if on_host else (lambda array: array)
-    dim_codes = [move(dimension.codes[first_row]) for dimension in rows.dimensions]
-    return _Cells(ns, xtx, xty, dim_codes, move(rows.boot[first_row]), rows.h_count, codes)
+    dim_codes = [move(_cell_labels(xp, codes, count, dimension.codes)) for dimension in rows.dimensions]
+    return _Cells(ns, xtx, xty, dim_codes, move(_cell_labels(xp, codes, count, rows.boot)), rows.h_count, codes)
 
 
-def _first_row_of_each(xp: ModuleType, codes: Any, count: int) -> Any:
-    first = xp.full(count, codes.shape[0], dtype=xp.int64)
-    if is_numpy(xp):
-        np.minimum.at(first, codes, np.arange(codes.shape[0]))
-        return first
-    import cupyx
-
-    cupyx.scatter_min(first, codes, xp.arange(codes.shape[0], dtype=xp.int64))
-    return first
+def _cell_labels(xp: ModuleType, codes: Any, count: int, labels: Any) -> Any:
+    """Each cell's label (count,) from the rows' labels, which agree within a cell: a plain scatter, every row
+    of a cell writing the same value."""
+    out = xp.empty(count, dtype=xp.int64)
+    out[codes] = labels
+    return out
 
 
 # ------------------------------------------------------------------------------------------- the estimate
@@ -593,7 +607,7 @@ def _estimate(cells: _Cells, rows: _Rows, data: BootstrapData, options: Bootstra
     beta_ns = ns.asarray(beta)
     meat = np.zeros((k, k))
     for dimension, codes in zip(rows.dimensions, cells.dim_codes, strict=True):
-        scores = cluster_sums(ns, cells.xty - _matvec(cells.xtx, beta_ns), codes, dimension.count)
+        scores = cells.sums(cells.xty - _matvec(cells.xtx, beta_ns), codes, dimension.count)
         meat += dimension.sign * to_host(scores.T @ scores)
     covariance_raw = factor * (a_full @ meat @ a_full)
     covariance_raw = 0.5 * (covariance_raw + covariance_raw.T)
@@ -622,11 +636,11 @@ def _crv3(
             "vcov_type: CRV3 with a fixed effect that crosses the clusters needs a refit per cluster, not built; "
             "absorb only fixed effects nested in the clusters or add the crossing one as C(column)"
         )
-    ns, k = cells.ns, xtx.shape[0]
+    k = xtx.shape[0]
     total = np.zeros((k, k))
     for dimension, codes in zip(rows.dimensions, cells.dim_codes, strict=True):
-        xtx_g = to_host(cluster_sums(ns, cells.xtx, codes, dimension.count))
-        xty_g = to_host(cluster_sums(ns, cells.xty, codes, dimension.count))
+        xtx_g = to_host(cells.sums(cells.xtx, codes, dimension.count))
+        xty_g = to_host(cells.sums(cells.xty, codes, dimension.count))
         left_out = xtx[None] - xtx_g
         scale = np.sqrt(np.einsum("gii->gi", left_out).clip(min=1e-300))
         condition = np.linalg.cond(left_out / scale[:, :, None] / scale[:, None, :])
@@ -718,7 +732,10 @@ class _Operator:
         """D = M V (q G_d, B) for one dimension."""
         s_h = self.s_h1 if derivative else self.s_h
         t1 = block.t1_1 if derivative else block.t1
-        d = t1[:, None] * v[block.diag_h] if block.diagonal else t1 @ v
+        if block.diagonal:  # each of the q blocks scales the rows of v: (q, G, 1) broadcast against (G, B)
+            d = t1[:, None] * v if self.q == 1 else (t1.reshape(self.q, -1, 1) * v).reshape(-1, v.shape[1])
+        else:
+            d = t1 @ v
         d = d - block.w @ _contract(self.xp, s_h, v)
         if block.fe is not None:
             d = d - block.fe.apply(v, derivative)
@@ -757,8 +774,7 @@ class _FeCorrection:
 @dataclass
 class _DimensionBlock:
     sign: float
-    diagonal: bool
-    diag_h: Any  # (q G,) the bootstrap cluster of each row of D (diagonal case)
+    diagonal: bool  # the dimension's clusters are the bootstrap clusters: T1 is q diagonal G x G blocks (t1)
     t1: Any
     t1_1: Any
     w: Any  # (q G, k)
@@ -784,10 +800,13 @@ def _bootstrap_operator(
         beta_boot, beta_boot1 = ns.asarray(test.beta_boot), ns.asarray(test.beta_boot1)
         s_c = cells.xty - _matvec(cells.xtx, beta_boot)  # (P, k) at r0
         s_c1 = _matvec(cells.xtx, beta_boot1)  # its derivative: S(r) = S(r0) - (r - r0) S1
-    s_h, s_h1 = cluster_sums(ns, s_c, cells.boot, h_count), cluster_sums(ns, s_c1, cells.boot, h_count)
+    s_h, s_h1 = cells.sums(s_c, cells.boot, h_count), cells.sums(s_c1, cells.boot, h_count)
     operator = _Operator(xp, q)
-    operator.c, operator.c1 = move(s_h @ directions), move(s_h1 @ directions)
-    operator.s_h, operator.s_h1 = move(s_h), move(s_h1)
+    # The operator's dense pieces built on the host go to the device together at the end (_pack_to_device).
+    pack_later = is_numpy(ns) and not is_numpy(xp)
+    dense_move = (lambda array: array) if pack_later else move
+    operator.c, operator.c1 = dense_move(s_h @ directions), dense_move(s_h1 @ directions)
+    operator.s_h, operator.s_h1 = dense_move(s_h), dense_move(s_h1)
     a_full = ns.asarray(fit.a_full)
     derivative = options.conf_int and options.impose_null and q == 1
     fe_terms = _FeTerms(xp, rows, test, derivative) if rows.gram is not None else None
@@ -801,7 +820,7 @@ def _bootstrap_operator(
     forms = [xp.zeros((h_count, h_count)) for _ in range(3 if derivative else 1)] if quadratic else None
     for index, (dimension, codes) in enumerate(zip(rows.dimensions, cells.dim_codes, strict=True)):
         g_count = dimension.count
-        xtx_g = cluster_sums(ns, cells.xtx, codes, g_count)
+        xtx_g = cells.sums(cells.xtx, codes, g_count)
         if options.bootstrap_type[1] == "3":
             w, t1_values, t1_values1 = _crv3_operator(ns, cells, codes, xtx_g, fit, test, s_c, s_c1, options, g_count)
         else:
@@ -815,22 +834,36 @@ def _bootstrap_operator(
             _add_quadratic_forms(ns, xp, forms, dimension, codes, cells.boot, h_count, w, (t1_values, t1_values1),
                                  (s_h, s_h1), fe)  # fmt: skip
             continue
-        diagonal = bool(g_count == h_count and to_host((codes == cells.boot).all()))
-        if diagonal:
-            t1 = move(ns.concatenate([cluster_sums(ns, t1_values[:, row], codes, g_count) for row in range(q)]))
-            t1_1 = move(ns.concatenate([cluster_sums(ns, t1_values1[:, row], codes, g_count) for row in range(q)]))
-            diag_h = xp.tile(xp.arange(g_count), q)
+        diagonal = cells.identity or bool(g_count == h_count and to_host((codes == cells.boot).all()))
+        if diagonal:  # rows l G + g of D: t1 (q G,) against the draws of cluster g
+            t1 = dense_move(cells.sums(t1_values, codes, g_count).T.reshape(-1))
+            t1_1 = dense_move(cells.sums(t1_values1, codes, g_count).T.reshape(-1))
         else:
             row_index = move(ns.concatenate([codes + row * g_count for row in range(q)]))
             col_index = move(ns.concatenate([cells.boot] * q))
             shape = (q * g_count, h_count)
             t1 = sparse_matrix(xp, row_index, col_index, move(t1_values.T.reshape(-1)), shape)
             t1_1 = sparse_matrix(xp, row_index, col_index, move(t1_values1.T.reshape(-1)), shape)
-            diag_h = None
-        operator.blocks.append(_DimensionBlock(dimension.sign, diagonal, diag_h, t1, t1_1, move(w), fe))
+        operator.blocks.append(_DimensionBlock(dimension.sign, diagonal, t1, t1_1, dense_move(w), fe))
     if forms is not None:
         operator.quadratic = (forms[0], forms[1], forms[2]) if derivative else (forms[0], None, None)
+    if pack_later:
+        _pack_to_device(xp, operator)
     return operator
+
+
+def _pack_to_device(xp: ModuleType, operator: _Operator) -> None:
+    """Move the operator's host-built dense pieces (numerators, S_h, the diagonal T1 and W of each dimension) to
+    xp in one copy: views of one device buffer. A copy each would pay a transfer's latency per piece."""
+    owners = [(operator, name) for name in ("c", "c1", "s_h", "s_h1")]
+    for block in operator.blocks:
+        owners += [(block, "w")] + ([(block, "t1"), (block, "t1_1")] if block.diagonal else [])
+    arrays = [np.ascontiguousarray(getattr(owner, name), dtype=np.float64) for owner, name in owners]
+    buffer = xp.asarray(np.concatenate([array.reshape(-1) for array in arrays]))
+    start = 0
+    for (owner, name), array in zip(owners, arrays, strict=True):
+        setattr(owner, name, buffer[start : start + array.size].reshape(array.shape))
+        start += array.size
 
 
 def _jackknife_dgp(ns: ModuleType, cells: _Cells, fit: _Fit, test: _Test, options: BootstrapOptions) -> tuple[Any, Any]:
@@ -838,8 +871,8 @@ def _jackknife_dgp(ns: ModuleType, cells: _Cells, fit: _Fit, test: _Test, option
     the first digit 3): beta^(h) by least squares without h, restricted to R beta = r under WCR
     (beta~^(h) = beta^(h) - A_h R'(R A_h R')^-1 (R beta^(h) - r), A_h = (X'X - X_h'X_h)^-1), and its derivative
     in r, A_h R' / (R A_h R'). (H, k) each. Refused where leaving a cluster out leaves X'X singular."""
-    xtx_h = to_host(cluster_sums(ns, cells.xtx, cells.boot, cells.h_count))
-    xty_h = to_host(cluster_sums(ns, cells.xty, cells.boot, cells.h_count))
+    xtx_h = to_host(cells.sums(cells.xtx, cells.boot, cells.h_count))
+    xty_h = to_host(cells.sums(cells.xty, cells.boot, cells.h_count))
     left_out = to_host(cells.xtx.sum(axis=0))[None] - xtx_h
     scale = np.sqrt(np.einsum("hii->hi", left_out).clip(min=1e-300))
     if not np.all(np.linalg.cond(left_out / scale[:, :, None] / scale[:, None, :]) < 1e12):
@@ -1232,7 +1265,7 @@ def _infer(fit: _Fit, test: _Test, draws: DrawSums, facts: _RowFacts, options: B
             t_stat=float("nan"),
             wald_stat=test.wald_stat,
             p_values={"wald": float(exceed / max(defined.sum(), 1))},
-            p_values_analytic={"wald": float(stats.f.sf(test.wald_stat / q, q, fit.df_t))},
+            p_values_analytic={"wald": float(special.fdtrc(q, fit.df_t, test.wald_stat / q))},
             conf_int=None,
             conf_int_analytic=None,
             t_boot=wald_boot,
@@ -1244,7 +1277,7 @@ def _infer(fit: _Fit, test: _Test, draws: DrawSums, facts: _RowFacts, options: B
     with np.errstate(divide="ignore", invalid="ignore"):
         t_boot = draws.numer / np.sqrt(factor * draws.sumsq)  # a negative variance (multiway): NaN
     p_values = {name: float(value) for name, value in p_values_from(np, t_boot, test.t_stat).items()}
-    critical = float(stats.t.ppf(1 - options.sign_level / 2, fit.df_t))
+    critical = t_quantile(1 - options.sign_level / 2, fit.df_t)
     ci = None
     if options.conf_int:
         curve = PValueCurve(

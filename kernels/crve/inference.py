@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import optimize, special
 
 P_VALUE_TYPES = ("two-tailed", "equal-tailed", ">", "<")
 T_QUANTILES = (0.005, 0.025, 0.05, 0.10, 0.25, 0.5, 0.75, 0.90, 0.95, 0.975, 0.995)
@@ -41,6 +41,23 @@ def _exceed(xp: ModuleType, boot: Any, stat: Any) -> Any:
     return boot > stat + TIE_RTOL * scale
 
 
+def _exceed_statistic(t_boot: np.ndarray, t_stat: float, tail: str) -> np.ndarray:
+    """The draws that exceed a scalar statistic in ``tail`` ("two": |t*| > |t|, "above": t* > t, "below":
+    t* < t), by the tie rule of :func:`_exceed` and with its rounding: the scale max(|t|, |t*|, 1) is
+    max(|t*|, max(|t|, 1)), and -t* > -t + e is t* < t - e exactly."""
+    magnitude = np.abs(t_boot)
+    threshold = np.maximum(magnitude, max(abs(t_stat), 1.0))
+    threshold *= TIE_RTOL
+    if tail == "two":
+        threshold += abs(t_stat)
+        return magnitude > threshold
+    if tail == "above":
+        threshold += t_stat
+        return t_boot > threshold
+    np.subtract(t_stat, threshold, out=threshold)
+    return t_boot < threshold
+
+
 def _share(xp: ModuleType, flags: Any, defined: Any) -> Any:
     """The share of the defined draws (t* not NaN) that are flagged."""
     return flags.sum(axis=-1) / xp.maximum(defined.sum(axis=-1), 1)
@@ -57,14 +74,20 @@ def p_values_from(xp: ModuleType, t_boot: Any, t_stat: Any) -> dict[str, Any]:
 
 
 def analytic_p_values(t_stat: float, df: int) -> dict[str, float]:
-    """p-values of the t statistic against t(df) (df = G - 1, as Stata and fixest)."""
-    two = float(2 * stats.t.sf(abs(t_stat), df))
+    """p-values of the t statistic against t(df) (df = G - 1, as Stata and fixest). The distribution's special
+    functions directly (what ``scipy.stats.t`` evaluates, without its argument checks per call)."""
+    two = float(2 * special.stdtr(df, -abs(t_stat)))
     return {
         "two-tailed": two,
         "equal-tailed": two,
-        ">": float(stats.t.sf(t_stat, df)),
-        "<": float(stats.t.cdf(t_stat, df)),
+        ">": float(special.stdtr(df, -t_stat)),
+        "<": float(special.stdtr(df, t_stat)),
     }
+
+
+def t_quantile(probability: float, df: int) -> float:
+    """The ``probability`` quantile of t(df) (``scipy.stats.t.ppf``'s special function)."""
+    return float(special.stdtrit(df, probability))
 
 
 class EmptyConfidenceSet(ValueError):
@@ -116,16 +139,23 @@ class PValueCurve:
         self.p_val_type = p_val_type
 
     def t_boot(self, r: float) -> np.ndarray:
+        """t*_b(r) of every draw. Evaluated many times per bound, so in place over two buffers; the same
+        operations as (numer - d numer1) / sqrt(f (sumsq - 2 d cross + d^2 sumsq1)), rounded alike."""
         if self.numer1 is None:  # WCU: the bootstrap distribution does not depend on r
-            numer, sumsq = self.numer, self.sumsq
+            numer, sumsq = self.numer.copy(), self.factor * self.sumsq
         else:
             d = r - self.r0
-            numer = self.numer - d * self.numer1
-            sumsq = self.sumsq - 2 * d * self.cross + d * d * self.sumsq1
+            numer = np.multiply(self.numer1, -d)
+            numer += self.numer
+            sumsq = np.multiply(self.cross, 2 * d)
+            np.subtract(self.sumsq, sumsq, out=sumsq)
+            sumsq += np.multiply(self.sumsq1, d * d)
             if not self.signed_variance:
-                sumsq = np.maximum(sumsq, 0.0)
+                np.maximum(sumsq, 0.0, out=sumsq)
+            sumsq *= self.factor
         with np.errstate(divide="ignore", invalid="ignore"):
-            return numer / np.sqrt(self.factor * sumsq)
+            np.sqrt(sumsq, out=sumsq)
+            return np.divide(numer, sumsq, out=numer)
 
     def _draw_t(self, r: float, b: int) -> float:
         if self.numer1 is None:
@@ -143,13 +173,9 @@ class PValueCurve:
     def _tail(self, tail: str, r: float) -> tuple[float, np.ndarray]:
         """The tail's p-value at r and the per-draw comparisons it counts."""
         t_boot, t_stat = self.t_boot(r), (self.estimate - r) / self.se
-        if tail == "two":
-            flags = _exceed(np, np.abs(t_boot), abs(t_stat))
-        elif tail == "above":
-            flags = _exceed(np, t_boot, t_stat)
-        else:
-            flags = _exceed(np, -t_boot, -t_stat)
-        return float(_share(np, flags, ~np.isnan(t_boot))), flags
+        flags = _exceed_statistic(t_boot, t_stat, tail)
+        defined = t_boot.size - np.count_nonzero(np.isnan(t_boot))
+        return np.count_nonzero(flags) / max(defined, 1), flags
 
     def _crossing(self, tail: str, b: int, inside: float, outside: float) -> float | None:
         """Where draw b's comparison with the statistic flips between ``inside`` and ``outside`` (a root)."""

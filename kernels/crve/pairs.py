@@ -103,16 +103,19 @@ def _tile_layout(counts: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndar
 def pair_sums_gpu(cupy: ModuleType, x: Any, y: Any, codes: Any, n_groups: int) -> Any:
     """Per group, the k(k+1)/2 + k sums of x x' (upper triangle, row by row) and x y: (P, k(k+1)/2 + k).
 
-    One device-to-host copy of the group sizes (and whether the rows are sorted) lays out the tiles on the
-    host; the rows themselves are read once, by ``tile_crossprod``.
+    One device-to-host copy of the group sizes (and whether the rows are sorted; unsorted rows take a second, with
+    their sort) lays out the tiles on the host; the rows themselves are read once, by ``tile_crossprod``.
     """
     n_obs, k = x.shape
     codes = codes.astype(cupy.int64, copy=False)
-    counts = cupy.bincount(codes, minlength=n_groups)
+    # Rows sorted by group (the usual layout): the group sizes from a binary search per group bound, which are
+    # right only when the rows are sorted; else from a count over the rows.
+    bounds = cupy.searchsorted(codes, cupy.arange(n_groups + 1, dtype=cupy.int64))
     unsorted = (codes[1:] < codes[:-1]).any() if n_obs > 1 else cupy.zeros((), dtype=bool)
-    summary = to_host(cupy.concatenate([counts, unsorted.astype(cupy.int64).reshape(1)]))
+    summary = to_host(cupy.concatenate([cupy.diff(bounds), unsorted.astype(cupy.int64).reshape(1)]))
     counts_host, needs_sort = summary[:-1], bool(summary[-1])
     if needs_sort:
+        counts_host = to_host(cupy.bincount(codes, minlength=n_groups))
         order = cupy.argsort(codes)  # CUB radix sort: stable
         x, y = x[order], y[order]
     x = cupy.ascontiguousarray(x, dtype=cupy.float64)

@@ -49,7 +49,7 @@ def _sizes(data: Any) -> dict[str, int]:
             "touched": int(data.touched_case.shape[0])}
 
 
-def _generate(xp: Any, size: dict[str, int]) -> tuple[Any, float]:
+def generate(xp: Any, size: dict[str, int]) -> tuple[Any, float]:
     start = time.perf_counter()
     sim = synthetic.generate(xp, size["n_cases"], size["n_drugs"], seed=SEED, min_eras=size["min_eras"],
                              max_eras=size["max_eras"])
@@ -60,7 +60,7 @@ def _generate(xp: Any, size: dict[str, int]) -> tuple[Any, float]:
 def gpu_large() -> None:
     import cupy as cp
 
-    data, seconds = _generate(cp, LARGE)
+    data, seconds = generate(cp, LARGE)
     _report(mode="gpu-large", stage="generate", seconds=seconds, **_sizes(data))
     for kind in ("normal", "laplace"):
         for fields in large_fits(data, kind):
@@ -111,7 +111,7 @@ def numpy_large() -> None:
 
     from kernels.sccs import gpu
 
-    data_gpu, _ = _generate(cp, LARGE)
+    data_gpu, _ = generate(cp, LARGE)
     prior = Prior("normal", VARIANCE, np.ones(data_gpu.n_covariates, dtype=bool))
     device = gpu.fit(data_gpu, prior)
     data = data_gpu.to(np)
@@ -131,7 +131,7 @@ def numpy_large() -> None:
 def gpu_small() -> None:
     import cupy as cp
 
-    data, seconds = _generate(cp, SMALL)
+    data, seconds = generate(cp, SMALL)
     _report(mode="gpu-small", stage="generate", seconds=seconds, **_sizes(data))
     _report(mode="gpu-small", prior="laplace", **small_pipeline(data))
 
@@ -190,7 +190,7 @@ def small_pipeline(data: Any) -> dict[str, Any]:
 
 
 def numpy_small() -> None:
-    data, seconds = _generate(np, SMALL)
+    data, seconds = generate(np, SMALL)
     _report(mode="numpy-small", stage="generate", seconds=seconds, **_sizes(data))
     prior = Prior("laplace", VARIANCE, np.ones(data.n_covariates, dtype=bool))
     start = time.perf_counter()

@@ -187,14 +187,14 @@ def run_all(folder: Path, parts: bool = True) -> list[dict[str, Any]]:
     shutil.rmtree(cache, ignore_errors=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     script = [sys.executable, str(Path(__file__).resolve())]
-    records = _records([*script, "prepare", "--dir", str(folder)], env, check=True)
+    records = result_records([*script, "prepare", "--dir", str(folder)], env, check=True)
     for label in ("empty", "populated"):  # each in a fresh process; a failed one still lets the next run
         command = [*script, "measure", "--dir", str(folder), "--cache", str(cache), "--label", label]
-        records += _records([*command] if parts else [*command, "--no-profile"], env, check=False)
+        records += result_records([*command] if parts else [*command, "--no-profile"], env, check=False)
     return records
 
 
-def _records(command: list[str], env: dict[str, str], check: bool) -> list[dict[str, Any]]:
+def result_records(command: list[str], env: dict[str, str], check: bool) -> list[dict[str, Any]]:
     """Run ``command``, echo its output, and return its ``RESULT`` records (a failure adds one saying so)."""
     done = subprocess.run(command, check=False, env=env, stdout=subprocess.PIPE, text=True)
     print(done.stdout, end="", flush=True)

@@ -6,6 +6,9 @@ Fast and NumPy only: the workloads are fakes with fixed seconds except two small
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -174,3 +177,14 @@ def test_quick_run_of_two_real_workloads_on_numpy(tmp_path: Path) -> None:
     assert 0.0 <= report["details"]["crve_oneway"]["p_value"] <= 1.0
     assert report["details"]["sccs_map_largest"]["converged"] is True
     assert report["quick"] and report["device"] == DEVICE and np.isfinite(report["tolerance"])
+
+
+def test_first_fit_records_are_read_from_each_process_and_a_failure_is_recorded() -> None:
+    from bench import sccs_first_fit
+
+    script = 'import sys; print(\'RESULT {"step": "warm_up", "seconds": 1.5}\'); print(\'other\'); sys.exit(3)'
+    command = [sys.executable, "-c", script, "measure", "--label", "empty"]
+    records = sccs_first_fit.result_records(command, dict(os.environ), check=False)
+    assert records == [{"step": "warm_up", "seconds": 1.5}, {"step": "measure", "cache": "empty", "failed": 3}]
+    with pytest.raises(subprocess.CalledProcessError):
+        sccs_first_fit.result_records(command, dict(os.environ), check=True)

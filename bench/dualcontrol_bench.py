@@ -219,6 +219,27 @@ def run_one(
     return row, (value, control)
 
 
+def warm_up(
+    xp,
+    gpus: int = 1,
+    evaluations: tuple[Evaluation, ...] | list[Evaluation] = ("anderson",),
+    dtype=np.float64,
+    criterion: Criterion = "macqueen_porteus",
+    interpolation: Interpolation = "quadratic",
+) -> int:
+    """The worker's start-up compile of every declared variant on each GPU, then a tiny solve per policy and
+    evaluation for CuPy's own kernels (reductions, interpolation); returns the CUDA modules compiled or loaded."""
+    modules = 0
+    for device in range(gpus):
+        with xp.cuda.Device(device):
+            modules += cuda.warm_up()
+    for policy in ("inert", "myopic", "optimal"):
+        for evaluation in evaluations:  # on every GPU: a tiny grid spread nonetheless
+            warm = {"gpus": gpus, "min_points_per_gpu": 1}
+            run_one(xp, 32, policy, "full", 4, 3, dtype, criterion, interpolation, evaluation, **warm)
+    return modules
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
@@ -295,15 +316,8 @@ def main() -> None:
     )
     if args.device == "gpu":
         start = time.perf_counter()
-        modules = 0
-        for device in range(args.gpus):  # the worker's start-up compile of every declared variant, per GPU
-            with xp.cuda.Device(device):
-                modules += cuda.warm_up()
+        modules = warm_up(xp, args.gpus, args.evaluation, dtype, args.criterion, args.interpolation)
         print(f"warm-up: {modules} CUDA modules in {time.perf_counter() - start:.2f} s", flush=True)
-        for policy in ("inert", "myopic", "optimal"):  # CuPy's own kernels (reductions, interpolation)
-            for evaluation in args.evaluation:  # on every GPU: a tiny grid spread nonetheless
-                warm = {"gpus": args.gpus, "min_points_per_gpu": 1}
-                run_one(xp, 32, policy, "full", 4, 3, dtype, args.criterion, args.interpolation, evaluation, **warm)
     rows, spent = [], 0.0
     for n in args.sizes:
         for policy in args.policies:

@@ -268,7 +268,7 @@ def summarize(path: str) -> None:
                   f"Den Haan max/mean {r['den_haan_max_pct']:.3f}/{r['den_haan_mean_pct']:.3f} %")
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["panel", "solve", "rounding", "example", "job", "summary"])
     parser.add_argument("--spec", default="{}", help="job: the ks_solve params as JSON")
@@ -298,12 +298,23 @@ def main() -> None:
                         help="Anderson's first full-panel step after the coarse stage (default: damping)")
     parser.add_argument("--check-every", type=int, default=PolicySettings().check_every,
                         help="Euler steps between convergence tests (1 = a max-change read-back every step)")
-    args = parser.parse_args()
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's arguments (``argv``: the words after the script's name; None: ``sys.argv``), with the
+    per-benchmark default of ``--periods`` filled in: other scripts build a benchmark's arguments here."""
+    args = build_parser().parse_args(argv)
+    if args.periods is None:
+        args.periods = 1000 if args.what == "panel" else 1100
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     if args.what == "summary":
         summarize(args.log)
         return
-    if args.periods is None:
-        args.periods = 1000 if args.what == "panel" else 1100
     benches = {"panel": bench_panel, "solve": bench_solve, "rounding": bench_rounding, "example": bench_example,
                "job": bench_job}
     out = benches[args.what](args)

@@ -49,7 +49,7 @@ def _sizes(data: Any) -> dict[str, int]:
             "touched": int(data.touched_case.shape[0])}
 
 
-def _generate(xp: Any, size: dict[str, int]) -> tuple[Any, float]:
+def generate(xp: Any, size: dict[str, int]) -> tuple[Any, float]:
     start = time.perf_counter()
     sim = synthetic.generate(xp, size["n_cases"], size["n_drugs"], seed=SEED, min_eras=size["min_eras"],
                              max_eras=size["max_eras"])
@@ -60,28 +60,39 @@ def _generate(xp: Any, size: dict[str, int]) -> tuple[Any, float]:
 def gpu_large() -> None:
     import cupy as cp
 
-    from kernels.sccs import gpu
-
-    data, seconds = _generate(cp, LARGE)
+    data, seconds = generate(cp, LARGE)
     _report(mode="gpu-large", stage="generate", seconds=seconds, **_sizes(data))
     for kind in ("normal", "laplace"):
-        prior = Prior(kind, VARIANCE, np.ones(data.n_covariates, dtype=bool))
+        for fields in large_fits(data, kind):
+            _report(mode="gpu-large", prior=kind, **fields)
+
+
+def large_fits(data: Any, kind: str, repeats: int = 2, cycles_only: bool = True) -> list[dict[str, Any]]:
+    """One MAP fit at fixed sigma^2 on the GPU, ``repeats`` times on one engine (its build timed apart), then
+    (``cycles_only``) the graph replays of as many cycles at the converged state: one report per step."""
+    import cupy as cp
+
+    from kernels.sccs import gpu
+
+    reports = []
+    prior = Prior(kind, VARIANCE, np.ones(data.n_covariates, dtype=bool))
+    start = time.perf_counter()
+    engine = gpu.BatchEngine(data, prior, FitOptions(), capacity=1)
+    cp.cuda.Device().synchronize()
+    setup = time.perf_counter() - start
+    for repeat in range(repeats):
         start = time.perf_counter()
-        engine = gpu.BatchEngine(data, prior, FitOptions(), capacity=1)
+        result = engine.fit_batch(np.asarray([VARIANCE]), cp.ones((1, data.n_cases)),
+                                  cp.zeros((1, data.n_covariates)))[0]
         cp.cuda.Device().synchronize()
-        setup = time.perf_counter() - start
-        for repeat in range(2):
-            start = time.perf_counter()
-            result = engine.fit_batch(np.asarray([VARIANCE]), cp.ones((1, data.n_cases)),
-                                      cp.zeros((1, data.n_covariates)))[0]
-            cp.cuda.Device().synchronize()
-            fit_seconds = time.perf_counter() - start
-            _report(mode="gpu-large", prior=kind, repeat=repeat, fit_seconds=fit_seconds,
-                    engine_build_included=False, engine_build_seconds=setup,
-                    fit_plus_engine_build_seconds=fit_seconds + setup, fit_stages=engine.last_timings,
-                    iterations=result.iterations, converged=result.converged, criterion=result.criterion,
-                    log_posterior=result.log_posterior, gradient_norm=result.gradient_norm,
-                    nonzero=int(np.count_nonzero(result.beta)), graph=engine.graph_used)
+        fit_seconds = time.perf_counter() - start
+        reports.append(dict(repeat=repeat, fit_seconds=fit_seconds, engine_build_included=False,
+                            engine_build_seconds=setup, fit_plus_engine_build_seconds=fit_seconds + setup,
+                            fit_stages=engine.last_timings, iterations=result.iterations,
+                            converged=result.converged, criterion=result.criterion,
+                            log_posterior=result.log_posterior, gradient_norm=result.gradient_norm,
+                            nonzero=int(np.count_nonzero(result.beta)), graph=engine.graph_used))
+    if cycles_only:
         # Graph replays at the converged state: the coefficients barely move, so most update kernels exit at
         # once; this is the floor of one cycle (3 J launches + reductions), not the cost of a working cycle
         # (that is fit_stages["cycles"] / iterations, which also includes the per-cycle convergence check).
@@ -89,9 +100,10 @@ def gpu_large() -> None:
         for _ in range(result.iterations):
             engine.run_cycle()
         cycles = time.perf_counter() - start
-        _report(mode="gpu-large", prior=kind, stage="cycles_only", cycles=result.iterations,
-                seconds_per_cycle=cycles / result.iterations)
-        del engine
+        reports.append(dict(stage="cycles_only", cycles=result.iterations,
+                            seconds_per_cycle=cycles / result.iterations))
+    del engine
+    return reports
 
 
 def numpy_large() -> None:
@@ -99,7 +111,7 @@ def numpy_large() -> None:
 
     from kernels.sccs import gpu
 
-    data_gpu, _ = _generate(cp, LARGE)
+    data_gpu, _ = generate(cp, LARGE)
     prior = Prior("normal", VARIANCE, np.ones(data_gpu.n_covariates, dtype=bool))
     device = gpu.fit(data_gpu, prior)
     data = data_gpu.to(np)
@@ -119,10 +131,18 @@ def numpy_large() -> None:
 def gpu_small() -> None:
     import cupy as cp
 
+    data, seconds = generate(cp, SMALL)
+    _report(mode="gpu-small", stage="generate", seconds=seconds, **_sizes(data))
+    _report(mode="gpu-small", prior="laplace", **small_pipeline(data))
+
+
+def small_pipeline(data: Any) -> dict[str, Any]:
+    """10-fold CV over the default grid (warm starts, folds batched), the final fit and 200 bootstrap refits
+    (batched) on the GPU, laplace prior: the seconds of each step, the engine builds and the totals."""
+    import cupy as cp
+
     from kernels.sccs import gpu
 
-    data, seconds = _generate(cp, SMALL)
-    _report(mode="gpu-small", stage="generate", seconds=seconds, **_sizes(data))
     prior = Prior("laplace", VARIANCE, np.ones(data.n_covariates, dtype=bool))
     options = FitOptions()
     timings: dict[str, float] = {}
@@ -157,20 +177,20 @@ def gpu_small() -> None:
     timings["total_with_engine_builds"] = time.perf_counter() - total_start
     timings["total_without_engine_builds"] = sum(timings[k] for k in ("cv_100_fits", "final_fit",
                                                                        "bootstrap_200_fits"))
-    _report(mode="gpu-small", prior="laplace", chosen_variance=variance, cv_curve=cv_result.mean_loglik.tolist(),
-            cv_iterations=int(cv_result.iterations.sum()), cv_non_converged=int(np.sum(~cv_result.converged)),
-            cv_max_gradient_norm=float(cv_result.gradient_norm.max()), bootstrap_capacity=capacity,
-            bootstrap_iterations=int(boot_result.iterations.sum()),
-            bootstrap_converged=int(boot_result.converged.sum()),
-            bootstrap_max_gradient_norm=float(boot_result.gradient_norm.max()),
-            bootstrap_median_gradient_norm=float(np.median(boot_result.gradient_norm)),
-            final_iterations=final.iterations, final_gradient_norm=final.gradient_norm,
-            nonzero=int(np.count_nonzero(final.beta)), engine_build_included_in="total_with_engine_builds",
-            engine_build_seconds=builds, **timings)
+    return dict(chosen_variance=variance, cv_curve=cv_result.mean_loglik.tolist(),
+                cv_iterations=int(cv_result.iterations.sum()), cv_non_converged=int(np.sum(~cv_result.converged)),
+                cv_max_gradient_norm=float(cv_result.gradient_norm.max()), bootstrap_capacity=capacity,
+                bootstrap_iterations=int(boot_result.iterations.sum()),
+                bootstrap_converged=int(boot_result.converged.sum()),
+                bootstrap_max_gradient_norm=float(boot_result.gradient_norm.max()),
+                bootstrap_median_gradient_norm=float(np.median(boot_result.gradient_norm)),
+                final_iterations=final.iterations, final_gradient_norm=final.gradient_norm,
+                nonzero=int(np.count_nonzero(final.beta)), engine_build_included_in="total_with_engine_builds",
+                engine_build_seconds=builds, **timings)
 
 
 def numpy_small() -> None:
-    data, seconds = _generate(np, SMALL)
+    data, seconds = generate(np, SMALL)
     _report(mode="numpy-small", stage="generate", seconds=seconds, **_sizes(data))
     prior = Prior("laplace", VARIANCE, np.ones(data.n_covariates, dtype=bool))
     start = time.perf_counter()

@@ -87,7 +87,7 @@ def _seconds(function: Any, synchronize: Any) -> tuple[float, Any]:
     return time.perf_counter() - start, value
 
 
-def measure(folder: Path, cache: Path, label: str) -> None:
+def measure(folder: Path, cache: Path, label: str, parts: bool = True) -> None:
     start = time.perf_counter()
     cuda.use_disk_cache(cache)
     import cupy
@@ -120,7 +120,8 @@ def measure(folder: Path, cache: Path, label: str) -> None:
                 nonzero=result["nonzero_coefficients"], n_eras=result["n_eras"],
                 device_pool_growth_gb=(pool.total_bytes() - pool_before) / 1e9,
                 tables_read_seconds=read if repeat == 0 else None)
-    profile(frames, label)
+    if parts:
+        profile(frames, label)
 
 
 def profile(frames: dict[str, Any], label: str) -> None:
@@ -178,18 +179,33 @@ def profile(frames: dict[str, Any], label: str) -> None:
     _report(step="profile", cache=label, **parts)
 
 
-def run_all(folder: Path) -> None:
+def run_all(folder: Path, parts: bool = True) -> list[dict[str, Any]]:
+    """prepare, then measure with an empty cache and again with it filled, each in a fresh process; returns
+    every ``RESULT`` record (each line is also printed as it comes). ``parts``: measure's ``profile`` too."""
     folder.mkdir(parents=True, exist_ok=True)
     cache = folder / "cuda-cache"
     shutil.rmtree(cache, ignore_errors=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     script = [sys.executable, str(Path(__file__).resolve())]
-    subprocess.run([*script, "prepare", "--dir", str(folder)], check=True, env=env)
+    records = result_records([*script, "prepare", "--dir", str(folder)], env, check=True)
     for label in ("empty", "populated"):  # each in a fresh process; a failed one still lets the next run
-        done = subprocess.run([*script, "measure", "--dir", str(folder), "--cache", str(cache), "--label", label],
-                              check=False, env=env)
-        if done.returncode:
-            _report(step="measure", cache=label, failed=done.returncode)
+        command = [*script, "measure", "--dir", str(folder), "--cache", str(cache), "--label", label]
+        records += result_records([*command] if parts else [*command, "--no-profile"], env, check=False)
+    return records
+
+
+def result_records(command: list[str], env: dict[str, str], check: bool) -> list[dict[str, Any]]:
+    """Run ``command``, echo its output, and return its ``RESULT`` records (a failure adds one saying so)."""
+    done = subprocess.run(command, check=False, env=env, stdout=subprocess.PIPE, text=True)
+    print(done.stdout, end="", flush=True)
+    records = [json.loads(line[len("RESULT ") :]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode:
+        if check:
+            raise subprocess.CalledProcessError(done.returncode, command)
+        label = command[command.index("--label") + 1] if "--label" in command else ""
+        records.append({"step": "measure", "cache": label, "failed": done.returncode})
+        _report(**records[-1])
+    return records
 
 
 def main() -> None:
@@ -198,12 +214,13 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/sccs_first_fit"))
     parser.add_argument("--cache", type=Path, default=None)
     parser.add_argument("--label", default="")
+    parser.add_argument("--no-profile", action="store_true", help="measure: leave out the parts of one job")
     args = parser.parse_args()
     if args.command == "prepare":
         args.dir.mkdir(parents=True, exist_ok=True)
         prepare(args.dir)
     elif args.command == "measure":
-        measure(args.dir, args.cache or args.dir / "cuda-cache", args.label)
+        measure(args.dir, args.cache or args.dir / "cuda-cache", args.label, parts=not args.no_profile)
     else:
         run_all(args.dir)
 

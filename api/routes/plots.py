@@ -109,8 +109,9 @@ def plot_bytes(job: Job, name: str, fmt: str, query: Mapping[str, str]) -> bytes
     spec = find_plot(data, name)
     if spec is None:
         raise plot_not_found(job, name)
+    options = chosen_options(spec, query)  # its own 422 problems, outside the drawing's catch-all below
     try:
-        return render(spec, data, fmt, chosen_options(spec, query))  # type: ignore[arg-type]
+        return render(spec, data, fmt, options)  # type: ignore[arg-type]
     except PlotDataMissingError:
         raise plot_not_found(job, name) from None
     except PlotOptionError as error:
